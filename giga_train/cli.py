@@ -1,0 +1,38 @@
+"""giga-train train CONFIG [--set key=value ...] | giga-train check CONFIG [--set ...]"""
+import argparse
+import sys
+
+from .config import ConfigError, load_config
+from .registry import RegistryError
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="giga-train", description=__doc__.strip())
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (("train", "run the config's training job"),
+                            ("check", "validate the config and exit (nothing is run)")):
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("config", help="a .py/.yaml/.json file, or a dotted module path")
+        sub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                         help="override a config value (a Python literal, else a string); repeatable")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "check":
+            from .schema import validate_config
+            cfg = load_config(args.config, args.overrides)
+            validate_config(cfg)
+            print(f"{args.config}: ok ({', '.join(cfg.runners)})")
+            return 0
+        from .distributed import launch_from_config
+        launch_from_config(args.config, args.overrides)
+    except (ConfigError, RegistryError) as e:
+        print(f"giga-train: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("giga-train: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

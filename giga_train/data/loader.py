@@ -1,0 +1,156 @@
+"""The training data stream: endless micro-batches across epochs, with an exact, resumable position."""
+import hashlib
+import inspect
+import random
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+from ..registry import DATASETS, SAMPLERS, TRANSFORMS, import_object
+from .samplers import DefaultSampler
+
+
+class _Samples(Dataset):
+    """dataset[index] then transform, keyed by (epoch, index).
+
+    In a worker process the RNGs are seeded from (seed, epoch, index) first, so random transforms
+    give the same sample whichever worker draws it, and a resumed run sees what an uninterrupted one
+    saw. In the main process the global RNG (saved in checkpoints) plays that role."""
+
+    def __init__(self, dataset, transform, seed):
+        self.dataset, self.transform, self.seed = dataset, transform, seed
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        epoch, index = key
+        if get_worker_info() is not None:
+            digest = hashlib.blake2b(f"{self.seed}/{epoch}/{index}".encode(), digest_size=8).digest()
+            sample_seed = int.from_bytes(digest, "little") & (2**63 - 1)
+            torch.manual_seed(sample_seed)
+            random.seed(sample_seed)
+            np.random.seed(sample_seed % 2**32)
+        sample = self.dataset[index]
+        return self.transform(sample) if self.transform is not None else sample
+
+
+class _EpochTagged(torch.utils.data.Sampler):
+    def __init__(self, sampler):
+        self.sampler, self.epoch = sampler, 0
+
+    def __iter__(self):
+        return ((self.epoch, i) for i in self.sampler)
+
+    def __len__(self):
+        return len(self.sampler)
+
+
+def _accepted(cls, extras):
+    params = inspect.signature(cls).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return extras
+    return {k: v for k, v in extras.items() if k in params}
+
+
+def build_dataset(data_or_config):
+    if isinstance(data_or_config, dict):
+        return DATASETS.build(data_or_config)
+    return data_or_config
+
+
+class DataStream:
+    """Micro-batches on the device. Position = (epoch, batches consumed in that epoch)."""
+
+    def __init__(self, cfg, seed, rank, world_size, device):
+        self.dataset = build_dataset(cfg.data_or_config)
+        transform = TRANSFORMS.build(cfg.transform) if cfg.transform else None
+        sampler_cfg = dict(cfg.sampler or dict(type="DefaultSampler"))
+        cls, kwargs = SAMPLERS.resolve(sampler_cfg)
+        extras = dict(dataset=self.dataset, batch_size=cfg.batch_size_per_gpu, seed=seed, rank=rank,
+                      world_size=world_size)
+        kwargs = {**_accepted(cls, extras), **kwargs}
+        self.sampler = cls(**kwargs)
+        self.seed, self.device = seed, device
+        self.batch_size, self.world_size = cfg.batch_size_per_gpu, world_size
+        self._tagged = _EpochTagged(self.sampler)
+        pin = cfg.pin_memory if cfg.pin_memory is not None else device.type == "cuda"
+        collate = import_object(cfg.collate_fn) if cfg.collate_fn else None
+        extra = {}
+        if cfg.num_workers > 0:
+            extra = dict(persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor)
+        self.loader = DataLoader(_Samples(self.dataset, transform, seed), batch_size=cfg.batch_size_per_gpu,
+                                 sampler=self._tagged, num_workers=cfg.num_workers, pin_memory=pin,
+                                 collate_fn=collate, drop_last=False, **extra)
+        self.epoch, self.batch_in_epoch = 0, 0
+        self._iter = None
+        self._ahead = None  # on CUDA one batch is copied ahead, overlapping the copy with the step
+
+    def __len__(self):
+        """Batches per epoch."""
+        return len(self.loader) if not isinstance(self.sampler, DefaultSampler) else self.sampler.num_batches
+
+    @property
+    def samples_seen(self):
+        """Global samples consumed since the start of training."""
+        return (self.epoch * len(self) + self.batch_in_epoch) * self.batch_size * self.world_size
+
+    def state_dict(self):
+        return dict(epoch=self.epoch, batch_in_epoch=self.batch_in_epoch, samples_seen=self.samples_seen,
+                    global_batch=self.batch_size * self.world_size)
+
+    def load_state_dict(self, state):
+        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
+        self._iter, self._ahead = None, None
+
+    def _start_epoch(self):
+        skip = self.batch_in_epoch
+        self._tagged.epoch = self.epoch
+        if isinstance(self.sampler, DefaultSampler):
+            self.sampler.set_epoch(self.epoch, start_sample=skip * self.batch_size * self.world_size)
+            skip = 0
+        elif hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(self.epoch)
+        # A generator of our own: creating an iterator must not draw from the global RNG (exact resume).
+        self.loader.generator = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
+        self._iter = iter(self.loader)
+        for _ in range(skip):  # a sampler we cannot position: replay it (exact, if it is deterministic)
+            next(self._iter)
+
+    def _next_raw(self):
+        if self._iter is None:
+            self._start_epoch()
+        try:
+            return next(self._iter)
+        except StopIteration:
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+            self._start_epoch()
+            return next(self._iter)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.device.type != "cuda":
+            batch = self._next_raw()
+        else:
+            batch = self._ahead if self._ahead is not None else to_device(self._next_raw(), self.device)
+            self._ahead = None
+        self.batch_in_epoch += 1
+        if self.batch_in_epoch == len(self):
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+            self._iter = None
+        elif self.device.type == "cuda":
+            self._ahead = to_device(self._next_raw(), self.device)
+        return batch
+
+
+def to_device(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch

@@ -1,0 +1,47 @@
+"""Where this process runs: its rank, the world size, its device. Read from torchrun's or SLURM's env."""
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Environment:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self):
+        return self.rank == 0
+
+    @property
+    def distributed(self):
+        return self.world_size > 1
+
+
+def _env_int(*names, default=0):
+    for name in names:
+        if os.environ.get(name, "").strip():
+            return int(os.environ[name])
+    return default
+
+
+def setup_environment(launch=None):
+    """Read this process's place in the job and pick its device; quiet noisy libraries.
+
+    With `launch.gpu_ids`, the local rank indexes those GPUs (the launcher sets CUDA_VISIBLE_DEVICES
+    to them when it spawns, so then it indexes the visible ones)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    rank = _env_int("RANK", "SLURM_PROCID")
+    local_rank = _env_int("LOCAL_RANK", "SLURM_LOCALID")
+    world_size = _env_int("WORLD_SIZE", "SLURM_NTASKS", default=1)
+    gpu_ids = list(getattr(launch, "gpu_ids", None) or [])
+    device = torch.device("cpu")
+    if gpu_ids:
+        visible = os.environ.get("GIGA_TRAIN_SPAWNED") == "1"
+        index = local_rank if visible else gpu_ids[local_rank]
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)
+    return Environment(rank=rank, local_rank=local_rank, world_size=world_size, device=device)

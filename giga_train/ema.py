@@ -1,0 +1,25 @@
+"""Exponential moving average of the trainable weights, kept in fp32."""
+import torch
+
+
+class EMA:
+    def __init__(self, module, decay):
+        self.decay = decay
+        self.names = [n for n, p in module.named_parameters() if p.requires_grad]
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.shadow = [p.detach().float().clone() for p in self.params]
+
+    @torch.no_grad()
+    def update(self):
+        current = [p.detach().float() if p.dtype != torch.float32 else p.detach() for p in self.params]
+        torch._foreach_lerp_(self.shadow, current, 1.0 - self.decay)
+
+    def state_dict(self, module):
+        """The module's full state with the averaged weights in place of the trained ones."""
+        state = {k: v.detach() for k, v in module.state_dict().items()}
+        state.update({n: s for n, s in zip(self.names, self.shadow)})
+        return state
+
+    def load_state_dict(self, state):
+        for name, shadow in zip(self.names, self.shadow):
+            shadow.copy_(state[name])

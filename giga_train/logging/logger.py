@@ -1,0 +1,84 @@
+"""What the main process tells the user: a progress bar, a text log, TensorBoard scalars."""
+import logging
+import os
+import sys
+import time
+
+from tqdm import tqdm
+
+
+def text_logger(log_dir, is_main):
+    """`giga_train` logger: console and `{log_dir}/train.log` on the main rank, silent elsewhere."""
+    logger = logging.getLogger("giga_train")
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
+    logger.setLevel(logging.INFO if is_main else logging.WARNING)
+    logger.propagate = False
+    if is_main:
+        os.makedirs(log_dir, exist_ok=True)
+        fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
+        file_handler = logging.FileHandler(os.path.join(log_dir, "train.log"))
+        file_handler.setFormatter(fmt)
+        logger.addHandler(file_handler)
+        console = _TqdmHandler()
+        console.setFormatter(logging.Formatter("[giga-train] %(message)s"))
+        logger.addHandler(console)
+    return logger
+
+
+class _TqdmHandler(logging.StreamHandler):
+    """Console lines that do not break the progress bar."""
+
+    def emit(self, record):
+        tqdm.write(self.format(record), file=sys.stderr)
+
+
+class MetricLogger:
+    """Scalars every log_interval: TensorBoard (main rank), the text log, and the progress bar."""
+
+    def __init__(self, log_dir, log_with, is_main, start_step, max_steps, samples_per_step, show_bar=True):
+        self.is_main, self.samples_per_step = is_main, samples_per_step
+        self.writer = None
+        if is_main and log_with == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+            # purge_step hides events a crashed run wrote past the step we resume from.
+            self.writer = SummaryWriter(log_dir, purge_step=start_step + 1 if start_step else None)
+        self.bar = None
+        if is_main and show_bar:
+            self.bar = tqdm(total=max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
+                            mininterval=0.5 if sys.stderr.isatty() else 10.0, file=sys.stderr)
+        self._last_time, self._last_step = time.perf_counter(), start_step
+
+    def log_step(self, step, scalars):
+        """`scalars`: name -> float, already reduced over ranks. Adds step time and throughput."""
+        now = time.perf_counter()
+        steps = max(step - self._last_step, 1)
+        step_time = (now - self._last_time) / steps
+        self._last_time, self._last_step = now, step
+        scalars = {**scalars, "step_time": step_time, "samples_per_sec": self.samples_per_step / step_time}
+        if not self.is_main:
+            return scalars
+        if self.writer is not None:
+            for name, value in scalars.items():
+                self.writer.add_scalar(f"train/{name}", value, step)
+        parts = " | ".join(f"{k} {_fmt(v)}" for k, v in scalars.items())
+        logging.getLogger("giga_train.metrics").info("step %d | %s", step, parts)
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{scalars.get('loss', float('nan')):.4f}", refresh=False)
+        return scalars
+
+    def advance(self, step):
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()
+
+
+def _fmt(value):
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,3 @@
+from .build import build_optimizer
+
+__all__ = ["build_optimizer"]

@@ -1,0 +1,3 @@
+from .schedulers import ConstantScheduler, WarmupCosineScheduler, WarmupLinearScheduler
+
+__all__ = ["ConstantScheduler", "WarmupCosineScheduler", "WarmupLinearScheduler"]

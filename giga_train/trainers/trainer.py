@@ -1,0 +1,241 @@
+"""The training loop. Subclass Trainer, write get_models and forward_step; the config does the rest."""
+import logging
+import os
+import random
+import time
+
+import numpy as np
+import torch
+
+from ..checkpoint import (CheckpointManager, is_complete, load_weights, read_meta, rng_state, save_weights,
+                          set_rng_state)
+from ..checkpoint.manager import TMP_PREFIX, checkpoint_name
+from ..config import ConfigError, load_config
+from ..data import DataStream
+from ..distributed.activation_checkpointing import apply_activation_checkpointing
+from ..distributed.env import setup_environment
+from ..ema import EMA
+from ..logging import MetricLogger, text_logger
+from ..module_dict import ModuleDict
+from ..optimizers import build_optimizer
+from ..registry import SCHEDULERS, STRATEGIES
+from ..schema import validate_config
+
+log = logging.getLogger("giga_train")
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Runs the whole job described by a config. Override `get_models` and `forward_step`."""
+
+    # -- what a user writes ---------------------------------------------------------------------
+    def get_models(self, model_config):
+        """Return an nn.Module, or a ModuleDict of several (called with `config.models`)."""
+        raise NotImplementedError(f"{type(self).__name__} must define get_models(self, model_config)")
+
+    def forward_step(self, batch_dict):
+        """Return the loss tensor, or a dict of named losses (each logged; their sum is trained)."""
+        raise NotImplementedError(f"{type(self).__name__} must define forward_step(self, batch_dict)")
+
+    def get_trainable_parameters(self, model):
+        """The parameters the optimizer updates (default: those with requires_grad)."""
+        return [p for p in model.parameters() if p.requires_grad]
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def __init__(self, config):
+        self.config = cfg = load_config(config)
+        validate_config(cfg)
+        self.train_config = t = cfg.train
+        self.env = setup_environment(cfg.launch)
+        self.device = self.env.device
+        self.project_dir = cfg.project_dir
+        self.model_dir = os.path.join(cfg.project_dir, "models")
+        self.log_dir = os.path.join(cfg.project_dir, "logs")
+        text_logger(self.log_dir, self.env.is_main)
+        self.strategy = STRATEGIES.get(cfg.launch.distributed_type)(self.env, cfg.launch, t)
+        self.dtype = self.strategy.precision.dtype or torch.float32
+
+        seed_everything(t.seed)  # every rank builds the same initial weights
+        model = self.get_models(cfg.models)
+        if t.activation_checkpointing:
+            apply_activation_checkpointing(model, t.activation_class_names)
+        if t.dynamo_config:
+            model.compile(**t.dynamo_config)
+        self.model, self.optimizer = self.strategy.setup(
+            model, lambda m: build_optimizer(cfg.optimizers, self.get_trainable_parameters(m)))
+        self.scheduler = SCHEDULERS.build(cfg.schedulers, self.optimizer)
+        self.ema = EMA(self.unwrapped_model, t.ema_decay) if t.with_ema else None
+
+        self.data = DataStream(cfg.dataloaders.train, t.seed, self.env.rank, self.env.world_size, self.device)
+        self.accumulation = t.gradient_accumulation_steps
+        self.max_steps = t.max_steps or max(t.max_epochs * len(self.data) // self.accumulation, 1)
+        self.checkpoints = CheckpointManager(self.model_dir, t.checkpoint_total_limit, t.checkpoint_keeps)
+        self.step = 0
+        seed_everything(t.seed + self.env.rank)  # ranks differ from here on (dropout, noise)
+        self._resume(t.resume)
+
+    @property
+    def unwrapped_model(self):
+        return self.strategy.unwrap()
+
+    @property
+    def epoch(self):
+        return self.data.epoch
+
+    @property
+    def is_main_process(self):
+        return self.env.is_main
+
+    @property
+    def rank(self):
+        return self.env.rank
+
+    @property
+    def world_size(self):
+        return self.env.world_size
+
+    # -- the loop -------------------------------------------------------------------------------
+    def train(self):
+        t = self.train_config
+        if self.step >= self.max_steps:
+            log.info("already at step %d of %d: nothing to train", self.step, self.max_steps)
+            return self._finish()
+        samples_per_step = self.data.batch_size * self.env.world_size * self.accumulation
+        metrics = MetricLogger(self.log_dir, t.log_with, self.env.is_main, self.step, self.max_steps,
+                               samples_per_step, show_bar=t.progress_bar)
+        log.info("training %s from step %d to %d (%d samples/step) on %s; checkpoints in %s, logs in %s",
+                 type(self.unwrapped_model).__name__, self.step, self.max_steps, samples_per_step,
+                 self.device, self.model_dir, self.log_dir)
+        self.model.train()
+        sums = {}  # named losses summed on the device since the last log; read only at log steps
+        try:
+            while self.step < self.max_steps:
+                losses, grad_norm = self.train_step()
+                self.step += 1
+                for name, value in losses.items():
+                    sums[name] = sums.get(name, 0) + value
+                metrics.advance(self.step)
+                if self.step % t.log_interval == 0 or self.step == self.max_steps:
+                    steps = self.step - metrics._last_step
+                    scalars = self._scalars(sums, steps, grad_norm)
+                    self.last_metrics = metrics.log_step(self.step, scalars)
+                    sums = {}
+                if t.checkpoint_interval and self.step % t.checkpoint_interval == 0:
+                    self.save_checkpoint()
+            if not self.checkpoints.latest() or read_meta(self.checkpoints.latest())["step"] != self.step:
+                self.save_checkpoint()
+        finally:
+            metrics.close()
+        return self._finish()
+
+    def train_step(self):
+        """One optimizer step over `gradient_accumulation_steps` micro-batches.
+
+        Returns (named losses averaged over the micro-batches, as device tensors; the grad norm)."""
+        t, strategy = self.train_config, self.strategy
+        totals = {}
+        for micro in range(self.accumulation):
+            batch = next(self.data)
+            # The trainer owns the accumulation boundary: only the last micro-step syncs gradients.
+            with strategy.accumulating(micro < self.accumulation - 1):
+                with strategy.autocast():
+                    output = self.forward_step(batch)
+                losses = output if isinstance(output, dict) else {"loss": output}
+                loss = sum(losses.values()) / self.accumulation
+                strategy.backward(loss)
+            for name, value in losses.items():
+                totals[name] = totals.get(name, 0) + value.detach().float() / self.accumulation
+            if len(losses) > 1:
+                total_name = "total_loss" if "loss" in losses else "loss"
+                totals[total_name] = totals.get(total_name, 0) + loss.detach().float()
+        measure = t.max_grad_norm is not None or (self.step + 1) % t.log_interval == 0
+        grad_norm = strategy.clip_grad_norm(t.max_grad_norm) if measure else None
+        strategy.step()
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update()
+        return totals, grad_norm
+
+    def _scalars(self, sums, steps, grad_norm):
+        """Host values for logging: the one place the loop waits for the device."""
+        names = sorted(sums)
+        stacked = torch.stack([sums[n] / steps for n in names] +
+                              ([grad_norm.float()] if grad_norm is not None else []))
+        values = self.strategy.reduce_mean(stacked).tolist()
+        scalars = dict(zip(names, values))
+        if grad_norm is not None:
+            scalars["grad_norm"] = values[-1]
+        scalars["lr"] = self.scheduler.get_last_lr()[0]
+        return scalars
+
+    def _finish(self):
+        loss = getattr(self, "last_metrics", {}).get("loss")
+        where = self.checkpoints.latest()
+        log.info("done at step %d%s; checkpoint: %s; TensorBoard: tensorboard --logdir %s", self.step,
+                 f", final loss {loss:.4f}" if loss is not None else "", where, self.log_dir)
+        self.strategy.close()
+        return self
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save_checkpoint(self):
+        t, strategy = self.train_config, self.strategy
+        start = time.perf_counter()
+        tmp = self.checkpoints.begin(self.epoch, self.step) if self.env.is_main else None
+        strategy.barrier()
+        tmp = tmp or self._tmp_name()
+        strategy.save_model(os.path.join(tmp, "model"), t.checkpoint_safe_serialization)
+        if self.ema is not None and self.env.is_main:
+            save_weights(os.path.join(tmp, "model_ema"), self.ema.state_dict(self.unwrapped_model),
+                         members=isinstance(self.unwrapped_model, ModuleDict), safe=t.checkpoint_safe_serialization)
+        strategy.save_state(tmp)
+        torch.save(rng_state(), os.path.join(tmp, f"random_states_{self.env.rank}.pt"))
+        if self.env.is_main:
+            torch.save({"scheduler": self.scheduler.state_dict(), "data": self.data.state_dict(),
+                        "step": self.step}, os.path.join(tmp, "training_state.pt"))
+        strategy.barrier()
+        if self.env.is_main:
+            final = self.checkpoints.commit(tmp, dict(
+                step=self.step, epoch=self.epoch, samples_seen=self.data.samples_seen,
+                world_size=self.env.world_size, distributed_type=self.config.launch.distributed_type,
+                mixed_precision=t.mixed_precision, ema=self.ema is not None))
+            log.info("saved %s (%.1f s)", final, time.perf_counter() - start)
+        strategy.barrier()
+
+    def _tmp_name(self):
+        return os.path.join(self.model_dir, TMP_PREFIX + checkpoint_name(self.epoch, self.step))
+
+    def _resume(self, resume):
+        if not resume:
+            return
+        if resume is True:
+            path = self.checkpoints.latest()
+            if path is None:
+                log.info("resume: no checkpoint in %s yet; starting from step 0", self.model_dir)
+                return
+        else:
+            path = resume
+            if not is_complete(path):
+                raise ConfigError(f"train.resume: {path} is not a complete checkpoint folder")
+        self.load_checkpoint(path)
+
+    def load_checkpoint(self, path):
+        strict = self.train_config.checkpoint_strict
+        self.strategy.load_model(os.path.join(path, "model"), strict)
+        self.strategy.load_state(path)
+        state = torch.load(os.path.join(path, "training_state.pt"), map_location="cpu", weights_only=True)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.data.load_state_dict(state["data"])
+        self.step = int(state["step"])
+        if self.ema is not None:
+            members = isinstance(self.unwrapped_model, ModuleDict)
+            self.ema.load_state_dict(load_weights(os.path.join(path, "model_ema"), members=members))
+        rng_file = os.path.join(path, f"random_states_{self.env.rank}.pt")
+        if os.path.isfile(rng_file):
+            set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.data.epoch,
+                 self.data.batch_in_epoch)
