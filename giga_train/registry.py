@@ -11,8 +11,10 @@ class RegistryError(ValueError):
 
 
 def did_you_mean(name, choices):
-    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
+    """"; did you mean 'X'?" for the closest choice (case-insensitive), or ""."""
+    by_lower = {str(c).lower(): str(c) for c in choices}
+    close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=1, cutoff=0.6)
+    return f"; did you mean '{by_lower[close[0]]}'?" if close else ""
 
 
 def import_object(path):

@@ -61,7 +61,7 @@ class CheckpointManager:
     def commit(self, tmp, meta):
         """Write meta.json last, make it durable, rename into place, then apply the rolling limit."""
         with open(os.path.join(tmp, META), "w") as f:
-            json.dump(meta, f, indent=2)
+            json.dump(meta, f, indent=2, default=repr)  # a Dataset object in the config: its repr
         _fsync_tree(tmp)
         final = os.path.join(self.models_dir, os.path.basename(tmp)[len(TMP_PREFIX):])
         if os.path.exists(final):  # the same step saved again (e.g. a resumed run): replace it whole

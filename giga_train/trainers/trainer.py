@@ -202,7 +202,7 @@ class Trainer:
             final = self.checkpoints.commit(tmp, dict(
                 step=self.step, epoch=self.epoch, samples_seen=self.data.samples_seen,
                 world_size=self.env.world_size, distributed_type=self.config.launch.distributed_type,
-                mixed_precision=t.mixed_precision, ema=self.ema is not None))
+                mixed_precision=t.mixed_precision, ema=self.ema is not None, config=self.config.to_dict()))
             log.info("saved %s (%.1f s)", final, time.perf_counter() - start)
         strategy.barrier()
 

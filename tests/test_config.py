@@ -1,0 +1,149 @@
+"""load_config in every form, --set overrides, and one-line answers to every malformed config."""
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from giga_train import ConfigError, load_config
+from giga_train.cli import main
+from giga_train.config import parse_value
+from tests.tiny import tiny_config
+
+
+def write_py(path, cfg):
+    path.write_text(f"config = {cfg!r}\n")
+    return str(path)
+
+
+def test_py_yaml_json_and_module_give_the_same_config(tmp_path):
+    cfg = tiny_config(tmp_path / "run")
+    py = load_config(write_py(tmp_path / "c.py", cfg))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(cfg))))
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    assert load_config(str(tmp_path / "c.yaml")) == load_config(str(tmp_path / "c.json"))
+    assert load_config(str(tmp_path / "c.json")).train.max_steps == py.train.max_steps == 10
+    module = load_config("examples.char_lm.configs.cpu.config")
+    assert module.dataloaders.train.data_or_config._class_name == "StdlibText"
+    assert load_config("examples.char_lm.configs.cpu") == module
+
+
+def test_attribute_access_at_every_depth(tmp_path):
+    cfg = load_config(tiny_config(tmp_path))
+    assert cfg.dataloaders.train.sampler.type == "DefaultSampler"
+    cfg.train.new_key = dict(a=dict(b=1))
+    assert cfg.train.new_key.a.b == 1
+    assert cfg.dataloaders["train"].batch_size_per_gpu == 8
+
+
+@pytest.mark.parametrize("text, value", [("100", 100), ("1e-4", 1e-4), ("[0, 1]", [0, 1]), ("True", True),
+                                         ("None", None), ("bf16", "bf16"), ("'7'", "7"), ("a b", "a b")])
+def test_set_values_are_literals_else_strings(text, value):
+    assert parse_value(text) == value
+
+
+def test_set_overrides_nested_keys(tmp_path):
+    path = write_py(tmp_path / "c.py", tiny_config(tmp_path / "run"))
+    cfg = load_config(path, ["train.max_steps=3", "launch.gpu_ids=[]", "train.new.deep=x"])
+    assert cfg.train.max_steps == 3 and cfg.launch.gpu_ids == [] and cfg.train.new.deep == "x"
+
+
+def bad(tmp_path, edit):
+    cfg = tiny_config(tmp_path / "run")
+    edit(cfg)
+    return write_py(tmp_path / "bad.py", cfg)
+
+
+def set_in(path, value):
+    def edit(cfg):
+        node = cfg
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    return edit
+
+
+def drop(*path):
+    def edit(cfg):
+        node = cfg
+        for key in path[:-1]:
+            node = node[key]
+        del node[path[-1]]
+    return edit
+
+
+MALFORMED = [
+    (set_in(["train", "mixed_precision"], "fp17"), "train.mixed_precision: 'fp17' is not one of"),
+    (set_in(["train", "max_step"], 5), "train.max_step: unknown key; did you mean 'max_steps'?"),
+    (set_in(["trian"], {}), "trian: unknown key; did you mean 'train'?"),
+    (set_in(["train", "max_steps"], "ten"), "train.max_steps: expected an integer, got str 'ten'"),
+    (set_in(["train", "max_steps"], 0), "train.max_steps: must be >= 1"),
+    (set_in(["optimizers", "type"], "Adamw8"), "optimizers: unknown optimizer 'Adamw8'; did you mean 'AdamW'?"),
+    (set_in(["optimizers", "betaz"], (0.9, 0.9)), "optimizers: optimizer 'AdamW' takes no argument 'betaz';"
+                                                    " did you mean 'betas'?"),
+    (set_in(["schedulers", "type"], "Cosine"), "schedulers: unknown scheduler 'Cosine'"),
+    (set_in(["dataloaders", "train", "transform"], {"type": "Flip"}), "dataloaders.train.transform: unknown"
+                                                                       " transform 'Flip'"),
+    (set_in(["dataloaders", "train", "data_or_config", "_class_name"], "StdlibTxt"),
+     "dataloaders.train.data_or_config: unknown dataset 'StdlibTxt'; did you mean 'StdlibText'?"),
+    (set_in(["dataloaders", "train", "sampler", "type"], "Default"), "dataloaders.train.sampler: unknown sampler"),
+    (set_in(["dataloaders", "train", "batch_size"], 4), "dataloaders.train.batch_size: unknown key; did you"
+                                                          " mean 'batch_size_per_gpu'?"),
+    (set_in(["runners"], ["tests.nowhere.Trainer"]), "runners[0]: cannot import 'tests.nowhere.Trainer'"),
+    (set_in(["runners"], ["tests.tiny.MODEL"]), "runners[0]: 'tests.tiny.MODEL' is not a subclass of"),
+    (set_in(["launch", "distributed_type"], "FSPD"), "launch.distributed_type: unknown 'FSPD'"),
+    (set_in(["launch", "gpu_ids"], [0]), "launch.gpu_ids=[0]: no CUDA GPU is visible"),
+    (drop("project_dir"), "project_dir: required key is missing"),
+    (drop("train", "max_steps"), "train: set max_steps or max_epochs"),
+    (set_in(["train", "activation_checkpointing"], True), "train.activation_class_names: name the module"),
+    (set_in(["train", "activation_class_names"], ["Block__##__x"]), "'Block__##__x' is not 'Class' or"),
+    (set_in(["train", "resume"], 3), "train.resume: expected true/false or a string"),
+]
+
+
+@pytest.mark.parametrize("edit, message", MALFORMED, ids=[m for _, m in MALFORMED])
+def test_malformed_config_gets_one_line_and_exit_2(tmp_path, capsys, edit, message):
+    path = bad(tmp_path, edit)
+    assert main(["train", path]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert message in err, err
+    assert not (tmp_path / "run").exists(), "nothing may be written before the config is valid"
+
+
+def test_missing_file_syntax_error_and_bad_set(tmp_path, capsys):
+    assert main(["train", str(tmp_path / "absent.py")]) == 2
+    assert f"config file not found: {tmp_path / 'absent.py'}" in capsys.readouterr().err
+    broken = tmp_path / "broken.py"
+    broken.write_text("config = dict(\n  train=dict(max_steps=1,\n")
+    assert main(["train", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert f"{broken}:" in err and "syntax error" in err and err.count("\n") == 1
+    (tmp_path / "bad.json").write_text("{nope")
+    assert main(["check", str(tmp_path / "bad.json")]) == 2
+    assert "invalid JSON" in capsys.readouterr().err
+    good = write_py(tmp_path / "good.py", tiny_config(tmp_path / "run"))
+    assert main(["check", good, "--set", "no_equals_sign"]) == 2
+    assert "expected KEY=VALUE" in capsys.readouterr().err
+    assert main(["check", "no.such.module"]) == 2
+    assert "config not found: 'no.such.module'" in capsys.readouterr().err
+
+
+def test_unknown_model_class_for_activation_checkpointing(tmp_path, capsys):
+    path = write_py(tmp_path / "c.py", tiny_config(tmp_path / "run", activation_checkpointing=True,
+                                                   activation_class_names=["Blok"]))
+    assert main(["train", path]) == 2
+    err = capsys.readouterr().err
+    assert "no module of class 'Blok' in the model (classes present: Block," in err and err.count("\n") == 1
+
+
+def test_console_script_and_module_entry_points(tmp_path):
+    path = write_py(tmp_path / "c.py", tiny_config(tmp_path / "run"))
+    bad_path = bad(tmp_path, set_in(["train", "mixed_precision"], "fp17"))
+    ok = subprocess.run([sys.executable, "-m", "giga_train", "check", path], capture_output=True, text=True)
+    assert ok.returncode == 0 and "ok" in ok.stdout, ok.stderr
+    script = subprocess.run([sys.executable.replace("python", "giga-train").rsplit("/", 1)[0] + "/giga-train",
+                             "train", bad_path], capture_output=True, text=True)
+    assert script.returncode == 2 and script.stderr.count("\n") == 1 and "fp17" in script.stderr
+    assert ConfigError.__name__ == "ConfigError"

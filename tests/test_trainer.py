@@ -1,0 +1,128 @@
+"""The loop: learning, accumulation = big batch, named losses, checkpointing by class, precision, EMA."""
+import os
+
+import pytest
+import torch
+
+from giga_train import Trainer, launch_from_config
+from giga_train.checkpoint import list_checkpoints, load_weights
+from giga_train.distributed.activation_checkpointing import apply_activation_checkpointing
+from examples.char_lm.model import CharLM
+from tests.tiny import MODEL, tiny_config
+
+
+def weights_of(project):
+    _, path = list_checkpoints(os.path.join(project, "models"))[-1]
+    return load_weights(os.path.join(path, "model"))
+
+
+def test_loss_goes_down(tmp_path):
+    trainer = launch_from_config(tiny_config(tmp_path, max_steps=40))
+    first, last = sum(trainer.losses[:5]) / 5, sum(trainer.losses[-5:]) / 5
+    assert last < first - 1.0, (first, last)
+
+
+def test_accumulation_equals_the_big_batch(tmp_path):
+    """batch 8 x 1 micro-step and batch 4 x 2 micro-steps reach the same weights (fp32, no dropout)."""
+    runs = {}
+    for batch, accum in ((8, 1), (4, 2), (2, 4)):
+        cfg = tiny_config(tmp_path / f"b{batch}", max_steps=5, gradient_accumulation_steps=accum, max_grad_norm=0.5)
+        cfg["models"]["dropout"] = 0.0
+        cfg["dataloaders"]["train"]["batch_size_per_gpu"] = batch
+        launch_from_config(cfg)
+        runs[batch] = weights_of(str(tmp_path / f"b{batch}"))
+    for batch in (4, 2):
+        for key in runs[8]:
+            torch.testing.assert_close(runs[batch][key], runs[8][key], rtol=1e-4, atol=1e-6, msg=key)
+    assert not torch.equal(runs[8]["blocks.0.qkv.weight"], CharLM(**MODEL).state_dict()["blocks.0.qkv.weight"])
+
+
+def test_named_losses_are_summed_and_module_dict_dispatches(tmp_path):
+    cfg = tiny_config(tmp_path, max_steps=4, log_interval=2, checkpoint_interval=4,
+                      runner="tests.tiny.DictLossTrainer")
+    trainer = launch_from_config(cfg)
+    assert set(trainer.last_metrics) >= {"lm", "aux", "loss", "lr", "grad_norm", "step_time", "samples_per_sec"}
+    assert trainer.last_metrics["loss"] == pytest.approx(trainer.last_metrics["lm"] + trainer.last_metrics["aux"],
+                                                         rel=1e-5)
+    files = sorted(os.listdir(tmp_path / "models" / "checkpoint_epoch_0_step_4" / "model"))
+    assert files == ["aux.safetensors", "lm.safetensors"]
+
+
+def test_activation_checkpointing_keeps_gradients_and_counts_first_n():
+    torch.manual_seed(0)
+    plain = CharLM(**dict(MODEL, dropout=0.0, layers=3))
+    checked = CharLM(**dict(MODEL, dropout=0.0, layers=3))
+    checked.load_state_dict(plain.state_dict())
+    assert apply_activation_checkpointing(checked, ["Block__##__2"]) == 2
+    assert apply_activation_checkpointing(CharLM(**MODEL), ["Block", "LayerNorm__##__1"]) == 3
+    tokens = torch.randint(0, 256, (2, 16))
+    plain(tokens, tokens).backward()
+    checked(tokens, tokens).backward()
+    for (name, a), b in zip(plain.named_parameters(), checked.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-7, msg=name)
+    assert list(checked.state_dict()) == list(plain.state_dict())
+
+
+def test_activation_checkpointing_trains_the_same(tmp_path):
+    runs = []
+    for on in (False, True):
+        cfg = tiny_config(tmp_path / str(on), max_steps=3, activation_checkpointing=on,
+                          activation_class_names=["Block"] if on else [])
+        runs.append(launch_from_config(cfg).losses)
+    assert runs[0] == pytest.approx(runs[1], rel=1e-5)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains(tmp_path, precision):
+    cfg = tiny_config(tmp_path, max_steps=3, mixed_precision=precision, max_grad_norm=1.0)
+    cfg["models"].update(layers=1)
+    trainer = launch_from_config(cfg)
+    assert all(torch.isfinite(torch.tensor(trainer.losses)))
+    assert next(trainer.unwrapped_model.parameters()).dtype == torch.float32  # weights stay fp32
+    if precision == "fp16":
+        state = torch.load(tmp_path / "models" / "checkpoint_epoch_0_step_3" / "optimizer.pt", weights_only=True)
+        assert state["precision"]["scaler"]["scale"] > 0
+
+
+def test_max_grad_norm_bounds_the_update(tmp_path):
+    cfg = tiny_config(tmp_path / "clip", max_steps=1, max_grad_norm=1e-3, with_ema=False)
+    cfg["optimizers"] = dict(type="SGD", lr=1.0)
+    cfg["schedulers"] = dict(type="ConstantScheduler")
+    trainer = launch_from_config(cfg)
+    torch.manual_seed(3)
+    start = CharLM(**MODEL).state_dict()
+    moved = [(p - start[n]).flatten() for n, p in trainer.unwrapped_model.named_parameters()]
+    assert torch.cat(moved).norm() <= 1e-3 * 1.0001
+    assert torch.cat(moved).norm() > 1e-4
+
+
+def test_max_epochs_counts_batches(tmp_path):
+    cfg = tiny_config(tmp_path, max_steps=None, max_epochs=1, gradient_accumulation_steps=2)
+    del cfg["train"]["max_steps"]
+    cfg["dataloaders"]["train"]["data_or_config"]["max_bytes"] = 4_000
+    trainer = launch_from_config(cfg)
+    batches = -(-len(trainer.data.dataset) // 8)
+    assert trainer.step == batches // 2 and len(trainer.losses) == trainer.step * 2
+
+
+def test_ema_is_the_average_of_the_weights(tmp_path):
+    cfg = tiny_config(tmp_path, max_steps=2, with_ema=True, ema_decay=0.5, checkpoint_interval=1)
+    launch_from_config(cfg)
+    models = tmp_path / "models"
+    w1 = load_weights(str(models / "checkpoint_epoch_0_step_1" / "model"))
+    w2 = load_weights(str(models / "checkpoint_epoch_0_step_2" / "model"))
+    ema = load_weights(str(models / "checkpoint_epoch_0_step_2" / "model_ema"))
+    torch.manual_seed(3)
+    init = CharLM(**MODEL).state_dict()
+    for key in ("blocks.0.qkv.weight", "embed.weight", "pos"):
+        expected = 0.25 * init[key] + 0.25 * w1[key] + 0.5 * w2[key]
+        torch.testing.assert_close(ema[key], expected, rtol=1e-5, atol=1e-7)
+        assert ema[key].dtype == torch.float32
+
+
+def test_trainer_without_methods_says_what_is_missing(tmp_path):
+    class Bare(Trainer):
+        pass
+    cfg = tiny_config(tmp_path)
+    with pytest.raises(NotImplementedError, match="must define get_models"):
+        Bare(cfg)

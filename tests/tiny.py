@@ -1,0 +1,101 @@
+"""Tiny trainers and configs for the tests: the char-LM at width 16 on 40 KB of stdlib text."""
+import torch
+from torch import nn
+
+from examples.char_lm.model import Block, CharLM
+from giga_train import DATASETS, ModuleDict, Trainer
+from examples.char_lm import data  # noqa: F401  (registers StdlibText, RandomShift)
+
+
+class TinyTrainer(Trainer):
+    """Records every micro-batch loss (a host sync: fine in tests) and the gradients of the last step."""
+
+    def get_models(self, model_config):
+        self.losses = []
+        return CharLM(**model_config)
+
+    def forward_step(self, batch_dict):
+        loss = self.model(batch_dict["tokens"], batch_dict["targets"])
+        self.losses.append(loss.detach().float().item())
+        return loss
+
+
+class DictLossTrainer(TinyTrainer):
+    """Two named losses from a ModuleDict of two members, dispatched by name."""
+
+    def get_models(self, model_config):
+        self.losses = []
+        return ModuleDict(lm=CharLM(**model_config), aux=nn.Linear(model_config["dim"], 1))
+
+    def forward_step(self, batch_dict):
+        lm = self.model("lm", batch_dict["tokens"], batch_dict["targets"])
+        emb = self.unwrapped_model["lm"].embed(batch_dict["tokens"])
+        aux = self.model("aux", emb).pow(2).mean()
+        self.losses.append(lm.item())
+        return {"lm": lm, "aux": 0.1 * aux}
+
+
+@DATASETS.register
+class CountingDataset(torch.utils.data.Dataset):
+    """Item i is {"index": i}: lets tests read back the exact data order."""
+
+    def __init__(self, size=50):
+        self.size = size
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, i):
+        return {"index": torch.tensor(i)}
+
+
+MODEL = dict(vocab_size=256, block_size=16, dim=16, layers=2, heads=2, dropout=0.1)
+
+
+def tiny_config(project_dir, runner="tests.tiny.TinyTrainer", **train):
+    return dict(
+        runners=[runner],
+        project_dir=str(project_dir),
+        launch=dict(distributed_type="NO"),
+        dataloaders=dict(train=dict(
+            data_or_config=dict(_class_name="StdlibText", block_size=16, stride=16, max_bytes=40_000),
+            batch_size_per_gpu=8, num_workers=0,
+            sampler=dict(type="DefaultSampler", shuffle=True))),
+        models=dict(MODEL),
+        optimizers=dict(type="AdamW", lr=3e-3, weight_decay=0.01),
+        schedulers=dict(type="WarmupCosineScheduler", warmup_steps=5, decay_steps=40, end_value=0.1),
+        train=dict(dict(max_steps=10, log_interval=5, seed=3, log_with="none", progress_bar=False), **train),
+    )
+
+
+def block_grads(module):
+    return {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+
+
+__all__ = ["Block", "TinyTrainer", "DictLossTrainer", "tiny_config", "MODEL"]
+
+
+class KillingTrainer(TinyTrainer):
+    """Dies by SIGKILL at a chosen moment: GT_KILL="step:N" (mid-step N, between micro-batches) or
+    "save:N" (while checkpoint N is half written: weights on disk, training state not yet)."""
+
+    def forward_step(self, batch_dict):
+        import os
+        import signal
+        where, _, at = os.environ.get("GT_KILL", ":").partition(":")
+        if where == "step" and self.step + 1 == int(at) and len(self.losses) % 2 == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().forward_step(batch_dict)
+
+    def save_checkpoint(self):
+        import os
+        import signal
+        where, _, at = os.environ.get("GT_KILL", ":").partition(":")
+        if where == "save" and self.step == int(at):
+            save_state = self.strategy.save_state
+
+            def dying_save_state(folder):
+                save_state(folder)
+                os.kill(os.getpid(), signal.SIGKILL)
+            self.strategy.save_state = dying_save_state
+        return super().save_checkpoint()
