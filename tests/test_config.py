@@ -1,9 +1,12 @@
 """load_config in every form, --set overrides, and one-line answers to every malformed config."""
 import json
+import os
+import shutil
 import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 from giga_train import ConfigError, load_config
@@ -93,7 +96,8 @@ MALFORMED = [
     (set_in(["runners"], ["tests.nowhere.Trainer"]), "runners[0]: cannot import 'tests.nowhere.Trainer'"),
     (set_in(["runners"], ["tests.tiny.MODEL"]), "runners[0]: 'tests.tiny.MODEL' is not a subclass of"),
     (set_in(["launch", "distributed_type"], "FSPD"), "launch.distributed_type: unknown 'FSPD'"),
-    (set_in(["launch", "gpu_ids"], [0]), "launch.gpu_ids=[0]: no CUDA GPU is visible"),
+    (set_in(["launch", "gpu_ids"], [99]), "launch.gpu_ids: GPU 99 does not exist" if torch.cuda.is_available()
+     else "launch.gpu_ids=[99]: no CUDA GPU is visible"),
     (drop("project_dir"), "project_dir: required key is missing"),
     (drop("train", "max_steps"), "train: set max_steps or max_epochs"),
     (set_in(["train", "activation_checkpointing"], True), "train.activation_class_names: name the module"),
@@ -143,7 +147,9 @@ def test_console_script_and_module_entry_points(tmp_path):
     bad_path = bad(tmp_path, set_in(["train", "mixed_precision"], "fp17"))
     ok = subprocess.run([sys.executable, "-m", "giga_train", "check", path], capture_output=True, text=True)
     assert ok.returncode == 0 and "ok" in ok.stdout, ok.stderr
-    script = subprocess.run([sys.executable.replace("python", "giga-train").rsplit("/", 1)[0] + "/giga-train",
-                             "train", bad_path], capture_output=True, text=True)
+    beside = os.path.join(os.path.dirname(sys.executable), "giga-train")
+    script_path = beside if os.path.exists(beside) else shutil.which("giga-train")
+    assert script_path, "the giga-train console script is not installed"
+    script = subprocess.run([script_path, "train", bad_path], capture_output=True, text=True)
     assert script.returncode == 2 and script.stderr.count("\n") == 1 and "fp17" in script.stderr
     assert ConfigError.__name__ == "ConfigError"
