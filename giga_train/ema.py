@@ -1,5 +1,6 @@
 """Exponential moving average of the trainable weights, kept in fp32."""
 import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 
 class EMA:
@@ -22,4 +23,7 @@ class EMA:
 
     def load_state_dict(self, state):
         for name, shadow in zip(self.names, self.shadow):
-            shadow.copy_(state[name])
+            full = state[name].to(shadow.device)
+            if isinstance(shadow, DTensor):  # sharded (FSDP2): keep this rank's shard of the whole tensor
+                full = distribute_tensor(full, shadow.device_mesh, shadow.placements)
+            shadow.copy_(full)

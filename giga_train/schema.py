@@ -60,7 +60,7 @@ LAUNCH = dict(
     num_machines=Key(1, int, min=1),
     machine_rank=Key(0, int, min=0),
     main_process_ip=Key("127.0.0.1", str),
-    main_process_port=Key(29500, int, min=1),
+    main_process_port=Key(None, int, min=1),  # one machine: a free port; several: 29500
     max_restarts=Key(0, int, min=0),
 )
 

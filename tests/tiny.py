@@ -76,14 +76,18 @@ __all__ = ["Block", "TinyTrainer", "DictLossTrainer", "tiny_config", "MODEL"]
 
 
 class KillingTrainer(TinyTrainer):
-    """Dies by SIGKILL at a chosen moment: GT_KILL="step:N" (mid-step N, between micro-batches) or
+    """Dies by SIGKILL at a chosen moment: GT_KILL="step:N" (in step N's forward, between its micro-batches
+    when there are several) or
     "save:N" (while checkpoint N is half written: weights on disk, training state not yet)."""
 
     def forward_step(self, batch_dict):
         import os
         import signal
         where, _, at = os.environ.get("GT_KILL", ":").partition(":")
-        if where == "step" and self.step + 1 == int(at) and len(self.losses) % 2 == 1:
+        if os.environ.get("GT_KILL_ONLY_FIRST_ATTEMPT") and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+            where = ""
+        accum = self.train_config.gradient_accumulation_steps
+        if where == "step" and self.step + 1 == int(at) and len(self.losses) % accum == accum // 2:
             os.kill(os.getpid(), signal.SIGKILL)
         return super().forward_step(batch_dict)
 

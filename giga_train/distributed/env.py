@@ -44,4 +44,31 @@ def setup_environment(launch=None):
         index = local_rank if visible else gpu_ids[local_rank]
         device = torch.device("cuda", index)
         torch.cuda.set_device(device)
-    return Environment(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+    env = Environment(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+    if env.distributed:
+        init_process_group(env, launch)
+    return env
+
+
+def fill_slurm_rendezvous(launch):
+    """Under SLURM (one task per rank) torch needs MASTER_ADDR/PORT: take them from the config."""
+    if "SLURM_PROCID" in os.environ and "LOCAL_RANK" not in os.environ:
+        os.environ.setdefault("MASTER_ADDR", launch.main_process_ip)
+        os.environ.setdefault("MASTER_PORT", str(launch.main_process_port or 29500))
+
+
+def init_process_group(env, launch):
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return
+    extra = dict(device_id=env.device) if env.device.type == "cuda" else {}
+    backend = "nccl" if env.device.type == "cuda" else "gloo"
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is not None and "MASTER_ADDR" in os.environ:
+        # Under the elastic agent: a store prefix per attempt, so restarted ranks never read the
+        # addresses that the killed attempt left in the store.
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size,
+                              is_master=not agent_store and env.rank == 0)
+        extra["store"] = dist.PrefixStore(f"giga_train/attempt_{restart}", store)
+    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, **extra)

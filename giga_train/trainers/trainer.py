@@ -7,8 +7,7 @@ import time
 import numpy as np
 import torch
 
-from ..checkpoint import (CheckpointManager, is_complete, load_weights, read_meta, rng_state, save_weights,
-                          set_rng_state)
+from ..checkpoint import CheckpointManager, is_complete, load_weights, read_meta, rng_state, set_rng_state
 from ..checkpoint.manager import TMP_PREFIX, checkpoint_name
 from ..config import ConfigError, load_config
 from ..data import DataStream
@@ -153,9 +152,7 @@ class Trainer:
             if len(losses) > 1:
                 total_name = "total_loss" if "loss" in losses else "loss"
                 totals[total_name] = totals.get(total_name, 0) + loss.detach().float()
-        measure = t.max_grad_norm is not None or (self.step + 1) % t.log_interval == 0
-        grad_norm = strategy.clip_grad_norm(t.max_grad_norm) if measure else None
-        strategy.step()
+        grad_norm = strategy.step(t.max_grad_norm, measure=(self.step + 1) % t.log_interval == 0)
         self.scheduler.step()
         if self.ema is not None:
             self.ema.update()
@@ -189,9 +186,9 @@ class Trainer:
         strategy.barrier()
         tmp = tmp or self._tmp_name()
         strategy.save_model(os.path.join(tmp, "model"), t.checkpoint_safe_serialization)
-        if self.ema is not None and self.env.is_main:
-            save_weights(os.path.join(tmp, "model_ema"), self.ema.state_dict(self.unwrapped_model),
-                         members=isinstance(self.unwrapped_model, ModuleDict), safe=t.checkpoint_safe_serialization)
+        if self.ema is not None:
+            strategy.save_model(os.path.join(tmp, "model_ema"), t.checkpoint_safe_serialization,
+                                state=self.ema.state_dict(self.unwrapped_model))
         strategy.save_state(tmp)
         torch.save(rng_state(), os.path.join(tmp, f"random_states_{self.env.rank}.pt"))
         if self.env.is_main:
@@ -210,6 +207,8 @@ class Trainer:
         return os.path.join(self.model_dir, TMP_PREFIX + checkpoint_name(self.epoch, self.step))
 
     def _resume(self, resume):
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+            resume = resume or True  # the elastic agent restarted us: continue from the newest checkpoint
         if not resume:
             return
         if resume is True:

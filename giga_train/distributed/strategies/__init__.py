@@ -1,4 +1,6 @@
 """Importing this package registers every strategy in STRATEGIES (one file each)."""
 from .base import Strategy
+from .ddp import DDPStrategy
+from .fsdp import FSDPStrategy
 
-__all__ = ["Strategy"]
+__all__ = ["Strategy", "DDPStrategy", "FSDPStrategy"]

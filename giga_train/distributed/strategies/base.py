@@ -7,6 +7,7 @@ import contextlib
 import os
 
 import torch
+import torch.distributed as dist
 
 from ...checkpoint.state import load_weights, save_weights
 from ...module_dict import ModuleDict
@@ -44,42 +45,44 @@ class Strategy:
         scaler = self.precision.scaler
         (scaler.scale(loss) if scaler is not None else loss).backward()
 
-    def _grads(self):
-        return [p.grad for p in self.unwrap().parameters() if p.grad is not None]
+    def step(self, max_grad_norm=None, measure=False):
+        """Unscale (fp16), clip to max_grad_norm, step the optimizer, zero the gradients.
 
-    def _unscale(self):
+        Returns the pre-clip gradient norm as a device tensor when clipping or `measure`, else None."""
         scaler = self.precision.scaler
-        if scaler is not None and not getattr(self, "_unscaled", False):
-            scaler.unscale_(self.optimizer)
-            self._unscaled = True
-
-    def clip_grad_norm(self, max_norm):
-        """Clip to max_norm (None: only measure). Returns the pre-clip total norm, on the device."""
-        self._unscale()
-        grads = self._grads()
-        if max_norm is None:
-            return torch.nn.utils.get_total_norm(grads)
-        norm = torch.nn.utils.get_total_norm(grads)
-        torch.nn.utils.clip_grads_with_norm_(self.unwrap().parameters(), max_norm, norm)
-        return norm
-
-    def step(self):
-        scaler = self.precision.scaler
+        norm = None
+        if max_grad_norm is not None or measure:
+            if scaler is not None:
+                scaler.unscale_(self.optimizer)
+            norm = self.clip_grad_norm(max_grad_norm)
         if scaler is not None:
             scaler.step(self.optimizer)
             scaler.update()
-            self._unscaled = False
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def clip_grad_norm(self, max_norm):
+        """The total gradient norm before clipping; clips to max_norm unless it is None."""
+        grads = [p.grad for p in self.unwrap().parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
+        if max_norm is not None:
+            torch.nn.utils.clip_grads_with_norm_(self.unwrap().parameters(), max_norm, norm)
+        return norm
 
     # -- state --------------------------------------------------------------------------------
+    def full_state_dict(self, state):
+        """Whole tensors on the CPU from a (possibly sharded) state dict; collective under sharding."""
+        return {k: v.detach().cpu() for k, v in state.items()}
+
     def model_state_dict(self):
         """The full, unsharded model state on the CPU (on the main rank; others may get None)."""
-        return {k: v.detach().cpu() for k, v in self.unwrap().state_dict().items()}
+        return self.full_state_dict(self.unwrap().state_dict())
 
-    def save_model(self, folder, safe):
-        state = self.model_state_dict()
+    def save_model(self, folder, safe, state=None):
+        """Full weights as safetensors in `folder` (`state`: another state dict of the model, e.g. EMA)."""
+        state = self.full_state_dict(state) if state is not None else self.model_state_dict()
         if self.env.is_main:
             members = isinstance(self.unwrap(), ModuleDict)
             save_weights(folder, state, members=members, safe=safe)
@@ -103,10 +106,15 @@ class Strategy:
 
     # -- collectives (identity in one process) -------------------------------------------------
     def reduce_mean(self, tensor):
-        return tensor
+        if not self.env.distributed:
+            return tensor
+        tensor = tensor.clone()
+        dist.all_reduce(tensor)  # SUM: gloo has no AVG
+        return tensor / self.env.world_size
 
     def barrier(self):
-        pass
+        if self.env.distributed:
+            dist.barrier()
 
     def close(self):
         pass

@@ -1,0 +1,26 @@
+"""DDP: replicated weights, gradients all-reduced once per optimizer step (no_sync while accumulating)."""
+import contextlib
+
+from torch.nn.parallel import DistributedDataParallel
+
+from ...registry import STRATEGIES
+from .base import Strategy
+
+
+@STRATEGIES.register(name="DDP")
+class DDPStrategy(Strategy):
+    def setup(self, model, make_optimizer):
+        model = model.to(self.device)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        self.model = DistributedDataParallel(model, device_ids=device_ids)
+        self.optimizer = make_optimizer(model)
+        return self.model, self.optimizer
+
+    def unwrap(self):
+        return self.model.module
+
+    def accumulating(self, accumulating):
+        return self.model.no_sync() if accumulating else contextlib.nullcontext()
+
+
+STRATEGIES.register(DDPStrategy, name="MULTI_GPU")

@@ -1,0 +1,152 @@
+"""CAME8Bit: CAME (Luo et al., ACL 2023) with an 8-bit first moment, ~1 byte/param of state.
+
+Factored row/column second moments and confidence residuals (fp32) for 2-D weights and 1x1
+convs; the first moment of those with more than `min_8bit_size` elements is kept as 8-bit codes
+of a signed dynamic map in blocks of `block_size` consecutive elements, each with an fp32 absmax.
+Other tensors keep fp32 state. On CUDA the step is a few fused Triton launches with no host sync
+(kernels/came_bucket.py); elsewhere, and for DTensor (FSDP2) shards, it is vectorised torch
+(kernels/came_torch.py) computing the same function, with whole-tensor statistics under sharding.
+"""
+import torch
+
+from ..registry import OPTIMIZERS
+from .kernels import came_torch, use_kernels
+from .kernels.state_io import load_state_keep_dtypes
+
+ZERO_FLAT_ERROR = ("CAME8Bit needs the original 2-D weight shapes, but DeepSpeed ZeRO (stages 1-3) and "
+                   "its bf16/fp16 wrappers hand the optimizer flat 1-D partitions, so the row/column "
+                   "factors would be lost: use distributed_type='FSDP' (fsdp_version=2) to shard, or "
+                   "'MULTI_GPU' (DDP), or ZeRO stage 0 in fp32")
+
+
+def _is_fsdp1_flat_param(p):
+    try:
+        from torch.distributed.fsdp._flat_param import FlatParameter
+    except ImportError:
+        return False
+    return isinstance(p, FlatParameter)
+
+
+@OPTIMIZERS.register
+class CAME8Bit(torch.optim.Optimizer):
+    """CAME with 8-bit blockwise first moment. `backend`: 'auto' (Triton on CUDA), 'torch', 'triton'."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.999, 0.9999), eps=(1e-30, 1e-16), clip_threshold=1.0,
+                 weight_decay=0.0, block_size=2048, min_8bit_size=16384):
+        if not lr > 0:
+            raise ValueError(f"CAME8Bit: lr must be > 0, got {lr}")
+        if len(betas) != 3 or not all(0.0 <= b <= 1.0 for b in betas):
+            raise ValueError(f"CAME8Bit: betas must be three values in [0, 1], got {betas}")
+        if len(eps) != 2:
+            raise ValueError(f"CAME8Bit: eps must be a pair (eps1, eps2), got {eps}")
+        if int(block_size) < 1:
+            raise ValueError(f"CAME8Bit: block_size must be >= 1, got {block_size}")
+        self._registered = set()
+        self._saw_factored = False
+        defaults = dict(lr=lr, betas=tuple(betas), eps=tuple(eps), clip_threshold=clip_threshold,
+                        weight_decay=weight_decay)
+        self.block_size, self.min_8bit_size = int(block_size), int(min_8bit_size)
+        self.backend = "auto"
+        self._state_version = 0
+        self._buckets = {}
+        super().__init__(params, defaults)
+
+    @classmethod
+    def check_zero_compatible(cls, stage, dtype=torch.float32):
+        """For the DeepSpeed strategy: raise the one-line error unless `stage` keeps parameter shapes
+        (stage 0 in fp32; DeepSpeed's bf16/fp16 optimizers and ZeRO 1-3 all flatten)."""
+        if int(stage) != 0 or dtype in (torch.bfloat16, torch.float16):
+            raise ValueError(f"{ZERO_FLAT_ERROR} (got ZeRO stage {stage}, {dtype})")
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        for p in self.param_groups[-1]["params"]:
+            if _is_fsdp1_flat_param(p):
+                raise ValueError("CAME8Bit got FSDP1 flat parameters (use_orig_params=False), which lose the "
+                                 "2-D shapes it factors: use fsdp_version=2, or use_orig_params=True")
+            self._registered.add(id(p))
+            self._saw_factored |= came_torch.factored_view_shape(p.shape) is not None
+
+    def _check_not_flattened(self, p):
+        # A wrapper that swapped our param_groups for flat partitions (DeepSpeed ZeRO) shows up as
+        # parameters we were never given, all 1-D, where we were given matrices.
+        if id(p) not in self._registered and p.dim() == 1 and self._saw_factored:
+            raise RuntimeError(ZERO_FLAT_ERROR)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for gi, group in enumerate(self.param_groups):
+            kernel_work = {}
+            for pi, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                self._check_not_flattened(p)
+                if p.grad.is_sparse:
+                    raise RuntimeError("CAME8Bit does not support sparse gradients")
+                state = self.state[p]
+                if len(state) == 0:
+                    came_torch.init_state(p, state, self.block_size, self.min_8bit_size)
+                kind = self._kernel_kind(p, state)
+                if kind is None:
+                    came_torch.came_step_(p, p.grad, state, group, self.block_size, self._generator(p, gi, pi))
+                else:
+                    kernel_work.setdefault(kind, []).append(p)
+            for kind, params in kernel_work.items():
+                bucket = self._bucket(gi, kind, params)
+                seed = self._seed(self.state[params[0]]["step"], gi, 1 + (kind[0] == "vector"))
+                bucket.step([p.grad for p in params], group, seed)
+        return loss
+
+    def _kernel_kind(self, p, state):
+        """Bucket key for the fused path, or None for the torch path."""
+        if came_torch.is_dtensor(p) or not use_kernels(self.backend, p):
+            return None
+        from .kernels import came_bucket
+        g = p.grad
+        if "exp_avg_sq_row" in state and came_bucket.factored_eligible(p, g, self.block_size):
+            return ("factored", p.dtype, g.dtype, "exp_avg_codes" in state, p.device)
+        if "exp_avg_sq" in state and came_bucket.vector_eligible(p, g):
+            return ("vector", p.dtype, g.dtype, False, p.device)
+        return None
+
+    def _bucket(self, gi, kind, params):
+        from .kernels import came_bucket
+        key = (gi, kind)
+        ids = tuple(id(p) for p in params)
+        cached = self._buckets.get(key)
+        if cached is not None and cached[0] == ids and cached[1] == self._state_version:
+            return cached[2]
+        states = [self.state[p] for p in params]
+        if kind[0] == "factored":
+            bucket = came_bucket.FactoredBucket(params, states, self.block_size, kind[3])
+        else:
+            bucket = came_bucket.VectorBucket(params, states)
+        self._buckets[key] = (ids, self._state_version, bucket)
+        return bucket
+
+    @staticmethod
+    def _seed(step, *where):
+        """Stochastic-rounding seed from the state's step and a position: a resumed run (whose state
+        holds the step) draws the same noise."""
+        seed = step
+        for w in where:
+            seed = seed * 1000003 + w
+        return seed & 0x7FFFFFFF
+
+    def _generator(self, p, gi, pi):
+        if p.dtype != torch.bfloat16:
+            return None
+        gen = torch.Generator(device=came_torch.local(p).device)
+        gen.manual_seed(self._seed(self.state[p]["step"], gi, pi))
+        return gen
+
+    def load_state_dict(self, state_dict):
+        """Load without torch's cast of every floating state tensor to the parameter's dtype: codes
+        stay uint8 and statistics fp32 (see state_io)."""
+        load_state_keep_dtypes(self, state_dict, super().load_state_dict)
+        self._state_version += 1
+        self._buckets.clear()

@@ -1,0 +1,200 @@
+"""Fused CAME over a bucket of tensors of one dtype: the launch sequence of came_triton's kernels.
+
+A bucket keeps its statistics in a few flat buffers (every tensor's row, column, code and scale
+vectors side by side) and rebinds each parameter's state entries as views of them, so a whole
+step is ~15 launches whatever the number of tensors, with no host synchronisation.
+Parameters and gradients are reached through device tables of their addresses.
+"""
+import torch
+
+from . import came_triton as K
+from . import qmap
+from .came_torch import factored_view_shape
+from .multi_tensor import KIND, PointerTable, cdiv1, cumsum0, program_table, segments
+
+# Launch configuration: the fastest of bench/optimizers.py --tune on the H200 (bench/RESULTS.md)
+BR, BC, RC = 8, 128, 256    # reduction passes: BR x BC register tile, RC rows per program
+REDUCE_WARPS = 4
+UPDATE_WARPS = None         # None: by block size (8 elements a thread: 8 warps for 2048)
+TABLE_DECODE = True         # decode codes by a 256-entry table gather (else arithmetic)
+SMALL_BLOCK = 1024
+VEC_BLOCK = 1024
+VECTOR_MAX_NUMEL = 1 << 16  # one program per unfactored tensor: keep those small
+
+
+def kernel_block_size_ok(block_size):
+    return 256 <= block_size <= 8192 and block_size & (block_size - 1) == 0
+
+
+def factored_eligible(p, grad, block_size):
+    shape = factored_view_shape(p.shape)
+    return (shape is not None and len(shape) == 2 and p.is_contiguous() and grad.is_contiguous()
+            and grad.shape == p.shape and 0 < p.numel() < 2 ** 31 and p.dtype in KIND
+            and grad.dtype in KIND and kernel_block_size_ok(block_size))
+
+
+def vector_eligible(p, grad):
+    return (p.dim() <= 1 and 0 < p.numel() <= VECTOR_MAX_NUMEL and p.is_contiguous()
+            and grad.is_contiguous() and p.dtype in KIND and grad.dtype in KIND)
+
+
+class _Bucket:
+    def __init__(self, params, device):
+        self.params = list(params)
+        self.device = device
+        self.ptab, self.gtab = PointerTable(device), PointerTable(device)
+
+    def _bind(self, state, key, flat, offset, numel):
+        """Copy state[key] into flat[offset:offset+numel] and make the state entry that view."""
+        old = state[key]
+        view = flat[offset:offset + numel]
+        view.copy_(old.reshape(-1))
+        state[key] = view.view(old.shape)
+
+    def _tables(self, grads):
+        ptab, gtab = self.ptab.update(self.params), self.gtab.update(grads)
+        return ptab, gtab, self.ptab.aligned() and self.gtab.aligned()
+
+
+class FactoredBucket(_Bucket):
+    """2-D weights (and 1x1 convs) of one dtype pair, 8-bit first moment or fp32."""
+
+    def __init__(self, params, states, block_size, quantized):
+        dev = params[0].device
+        super().__init__(params, dev)
+        self.states, self.block_size, self.quantized = states, block_size, quantized
+        self.br, self.bc, self.rc = BR, BC, RC  # fixed at build: the scratch layout depends on them
+        shapes = [factored_view_shape(p.shape) for p in params]
+        rows, cols = [s[0] for s in shapes], [s[1] for s in shapes]
+        numels = [r * c for r, c in shapes]
+        nblocks = [qmap.num_blocks(n, block_size) for n in numels]
+        col_blocks = [-(-c // BC) for c in cols]
+        row_chunks = [-(-r // RC) for r in rows]
+        row_off, self.nrows = cumsum0(rows)
+        col_off, self.ncols = cumsum0(cols)
+        el_off, nel = cumsum0(numels)
+        sc_off, self.nblocks = cumsum0(nblocks)
+        rp_off, nrp = cumsum0([b * r for b, r in zip(col_blocks, rows)])
+        cp_off, ncp = cumsum0([q * c for q, c in zip(row_chunks, cols)])
+        f32 = dict(dtype=torch.float32, device=dev)
+        self.row, self.col = torch.empty(self.nrows, **f32), torch.empty(self.ncols, **f32)
+        self.res_row, self.res_col = torch.empty(self.nrows, **f32), torch.empty(self.ncols, **f32)
+        self.mom = torch.empty(nel, dtype=torch.uint8 if quantized else torch.float32, device=dev)
+        self.scales = torch.empty(self.nblocks if quantized else 1, **f32)
+        n = len(params)
+        self.rms, self.clip = torch.empty(n, **f32), torch.empty(n, **f32)
+        for k, st in enumerate(states):
+            self._bind(st, "exp_avg_sq_row", self.row, row_off[k], rows[k])
+            self._bind(st, "exp_avg_res_row", self.res_row, row_off[k], rows[k])
+            self._bind(st, "exp_avg_sq_col", self.col, col_off[k], cols[k])
+            self._bind(st, "exp_avg_res_col", self.res_col, col_off[k], cols[k])
+            if quantized:
+                self._bind(st, "exp_avg_codes", self.mom, el_off[k], numels[k])
+                self._bind(st, "exp_avg_scales", self.scales, sc_off[k], nblocks[k])
+            else:
+                self._bind(st, "exp_avg", self.mom, el_off[k], numels[k])
+            self._bind(st, "RMS", self.rms, k, 1)
+            self._bind(st, "clip_scale", self.clip, k, 1)
+        meta = [[rows[k], cols[k], row_off[k], col_off[k], el_off[k], sc_off[k], rp_off[k], cp_off[k],
+                 col_blocks[k], row_chunks[k]] for k in range(n)]
+        self.meta = torch.tensor(meta, dtype=torch.int64, device=dev)
+        tiles = [(k, cb, rc) for k in range(n) for rc in range(row_chunks[k]) for cb in range(col_blocks[k])]
+        self.tiles = torch.tensor(tiles, dtype=torch.int32).reshape(-1, 3).to(dev)
+        self.blocks = program_table(nblocks, dev)
+        self.row_segs, self.block_segs = segments(rows, dev), segments(nblocks, dev)
+        self.row_tid = torch.repeat_interleave(torch.arange(n, dtype=torch.int32),
+                                               torch.tensor(rows)).to(dev)
+        self.col_tid = torch.repeat_interleave(torch.arange(n, dtype=torch.int32),
+                                               torch.tensor(cols)).to(dev)
+        self.numel = torch.tensor(numels, **f32)
+        self.cols_aligned = all(c % 16 == 0 for c in cols)
+        self.wide = all(c >= block_size for c in cols)
+        # scratch, reused every step: partial sums, raw sums, 1/sqrt of the statistics
+        self.rowpart, self.colpart = torch.empty(3, max(nrp, 1), **f32), torch.empty(3, max(ncp, 1), **f32)
+        self.rawrow, self.rawcol = torch.empty(3, self.nrows, **f32), torch.empty(3, self.ncols, **f32)
+        self.rinv, self.cinv = torch.empty(self.nrows, **f32), torch.empty(self.ncols, **f32)
+        self.rrinv, self.rcinv = torch.empty(self.nrows, **f32), torch.empty(self.ncols, **f32)
+        self.rowsum, self.qsum, self.ressum, self.delta = (torch.empty(n, **f32) for _ in range(4))
+        self.psq = torch.empty(self.nblocks, **f32)
+        self.qmap = qmap.code_table(dev)
+
+    def step(self, grads, group, seed):
+        b1, b2, b3 = group["betas"]
+        eps1, eps2 = group["eps"]
+        ptab, gtab, aligned = self._tables(grads)
+        aligned = aligned and self.cols_aligned
+        n, nr, nc = len(self.params), self.nrows, self.ncols
+        pk, gk = KIND[self.params[0].dtype], KIND[grads[0].dtype]
+        tiles = (self.tiles.shape[0],)
+        small = lambda size: (cdiv1(size, SMALL_BLOCK),)  # noqa: E731
+        tile_args = dict(RC=self.rc, BR=self.br, BC=self.bc, num_warps=REDUCE_WARPS)
+        rp, cp = self.rowpart.stride(0), self.colpart.stride(0)
+
+        # second moments: row/column EMAs of g^2 + eps1, their 1/sqrt and row totals
+        K._sq_sums_kernel[tiles](gtab, self.meta, self.tiles, self.rowpart, self.colpart, eps1,
+                                 G_KIND=gk, ALIGNED=aligned, **tile_args)
+        K._ema_kernel[small(nr)](self.row, self.rinv, self.rowpart, self.row_tid, self.meta, nr, b2,
+                                 AXIS=0, BLOCK=SMALL_BLOCK)
+        K._ema_kernel[small(nc)](self.col, self.cinv, self.colpart, self.col_tid, self.meta, nc, b2,
+                                 AXIS=1, BLOCK=SMALL_BLOCK)
+        K._segsum_kernel[(n,)](self.row, self.row_segs, self.rowsum, self.numel, RMS=False, BLOCK=SMALL_BLOCK)
+        # residual statistics, and the clip scale s from sum U^2
+        K._res_sums_kernel[tiles](gtab, self.meta, self.tiles, self.rinv, self.cinv, self.rowsum, self.clip,
+                                  self.mom, self.scales, self.qmap, self.rowpart, self.colpart, rp, cp, G_KIND=gk,
+                                  ALIGNED=aligned, QUANT=self.quantized, TABLE=TABLE_DECODE, BS=self.block_size,
+                                  **tile_args)
+        K._reduce_kernel[small(nr)](self.rawrow, self.rowpart, self.row_tid, self.meta, nr, rp,
+                                    self.rawrow.stride(0), AXIS=0, NCH=3, BLOCK=SMALL_BLOCK)
+        K._reduce_kernel[small(nc)](self.rawcol, self.colpart, self.col_tid, self.meta, nc, cp,
+                                    self.rawcol.stride(0), AXIS=1, NCH=3, BLOCK=SMALL_BLOCK)
+        K._segsum_kernel[(n,)](self.rawrow[2], self.row_segs, self.qsum, self.numel, RMS=False,
+                               BLOCK=SMALL_BLOCK)
+        K._clip_kernel[small(n)](self.qsum, self.numel, self.clip, self.delta, n, group["clip_threshold"],
+                                 BLOCK=SMALL_BLOCK)
+        for dst, inv, raw, tid, size, axis in ((self.res_row, self.rrinv, self.rawrow, self.row_tid, nr, 0),
+                                               (self.res_col, self.rcinv, self.rawcol, self.col_tid, nc, 1)):
+            K._res_ema_kernel[small(size)](dst, inv, raw, raw.stride(0), tid, self.delta, self.meta, size, b3,
+                                           b1 * b1, eps2, AXIS=axis, BLOCK=SMALL_BLOCK)
+        K._segsum_kernel[(n,)](self.res_row, self.row_segs, self.ressum, self.numel, RMS=False,
+                               BLOCK=SMALL_BLOCK)
+        # momentum, 8-bit codes and the parameters; then RMS(p) of the values before the update
+        K._update_kernel[(self.nblocks,)](ptab, gtab, self.meta, self.blocks, self.rinv, self.cinv, self.rowsum,
+                                          self.clip, self.rrinv, self.rcinv, self.ressum, self.mom,
+                                          self.scales, self.qmap, self.psq, group["lr"], group["weight_decay"], b1,
+                                          seed, P_KIND=pk, G_KIND=gk, ALIGNED=aligned, QUANT=self.quantized,
+                                          TABLE=TABLE_DECODE, WIDE=self.wide, STOCHASTIC=pk == 1,
+                                          BS=self.block_size,
+                                          num_warps=UPDATE_WARPS or max(4, min(16, self.block_size // 256)))
+        K._segsum_kernel[(n,)](self.psq, self.block_segs, self.rms, self.numel, RMS=True, BLOCK=SMALL_BLOCK)
+        for st in self.states:
+            st["step"] += 1
+
+
+class VectorBucket(_Bucket):
+    """Small unfactored tensors (biases, norm weights): full second moment, fp32 momentum."""
+
+    def __init__(self, params, states):
+        dev = params[0].device
+        super().__init__(params, dev)
+        self.states = states
+        numels = [p.numel() for p in params]
+        off, total = cumsum0(numels)
+        f32 = dict(dtype=torch.float32, device=dev)
+        self.v, self.m, self.rms = torch.empty(total, **f32), torch.empty(total, **f32), torch.empty(len(params), **f32)
+        for k, st in enumerate(states):
+            self._bind(st, "exp_avg_sq", self.v, off[k], numels[k])
+            self._bind(st, "exp_avg", self.m, off[k], numels[k])
+            self._bind(st, "RMS", self.rms, k, 1)
+        self.vmeta = torch.tensor([[numels[k], off[k]] for k in range(len(params))], dtype=torch.int64, device=dev)
+
+    def step(self, grads, group, seed):
+        b1, b2, _ = group["betas"]
+        ptab, gtab, aligned = self._tables(grads)
+        pk = KIND[self.params[0].dtype]
+        K._vector_kernel[(len(self.params),)](ptab, gtab, self.vmeta, self.v, self.m, self.rms, group["lr"],
+                                             group["weight_decay"], b1, b2, group["eps"][0],
+                                             group["clip_threshold"], seed, P_KIND=pk,
+                                             G_KIND=KIND[grads[0].dtype], ALIGNED=aligned,
+                                             STOCHASTIC=pk == 1, BLOCK=VEC_BLOCK, num_warps=4)
+        for st in self.states:
+            st["step"] += 1

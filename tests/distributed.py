@@ -1,0 +1,40 @@
+"""Shared by the strategy tests: the same tiny job as one process (batch B) and as 2 ranks (B/2 each)."""
+import os
+
+import torch
+
+from giga_train import launch_from_config
+from giga_train.checkpoint import list_checkpoints, load_weights
+from tests.tiny import tiny_config
+
+BATCH = 8
+
+
+def job(project, distributed_type="NO", ranks=1, launch=None, **train):
+    """fp32, no dropout: every strategy must land on the same weights as one process."""
+    cfg = tiny_config(project, **dict(dict(max_steps=4, max_grad_norm=1.0, checkpoint_interval=2), **train))
+    cfg["models"]["dropout"] = 0.0
+    cfg["launch"] = dict(distributed_type=distributed_type, num_processes=ranks, **(launch or {}))
+    cfg["dataloaders"]["train"]["batch_size_per_gpu"] = BATCH // ranks
+    return cfg
+
+
+def final_weights(project):
+    _, path = list_checkpoints(os.path.join(str(project), "models"))[-1]
+    return load_weights(os.path.join(path, "model"))
+
+
+def assert_same_weights(got, expected, rtol=1e-4, atol=1e-6):
+    assert got.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=rtol, atol=atol, msg=key)
+
+
+def reference(tmp_path_factory, cache, **train):
+    """The one-process run for these train settings (computed once per module)."""
+    key = repr(sorted(train.items()))
+    if key not in cache:
+        project = tmp_path_factory.mktemp("reference")
+        launch_from_config(job(project, **train))
+        cache[key] = final_weights(project)
+    return cache[key]

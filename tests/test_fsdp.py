@@ -1,0 +1,44 @@
+"""FSDP2 at 2 ranks (gloo) equal one process with the same global batch; resume; FSDP1 (CUDA only) refused on CPU."""
+import os
+
+import pytest
+
+from giga_train import launch_from_config
+from giga_train.checkpoint import list_checkpoints
+from tests.distributed import assert_same_weights, final_weights, job, reference
+
+CACHE = {}
+FSDP = {2: dict(fsdp_config=dict(fsdp_version=2, fsdp_transformer_layer_cls_to_wrap="Block")),
+        1: dict(fsdp_config=dict(fsdp_version=1, fsdp_transformer_layer_cls_to_wrap=["Block"]))}
+VARIANT = dict(gradient_accumulation_steps=2, activation_checkpointing=True, activation_class_names=["Block"])
+
+
+@pytest.mark.parametrize("version", [2])
+@pytest.mark.parametrize("train", [{}, VARIANT], ids=["plain", "accum2_ckpt"])
+def test_fsdp_equals_one_process(tmp_path, tmp_path_factory, version, train):
+    result = launch_from_config(job(tmp_path, "FSDP", ranks=2, launch=FSDP[version], **train))
+    assert result["step"] == 4
+    assert_same_weights(final_weights(tmp_path), reference(tmp_path_factory, CACHE, **train))
+    assert os.path.isdir(os.path.join(result["checkpoint"], "optimizer_dcp"))
+
+
+@pytest.mark.parametrize("version", [2])
+def test_fsdp_resume_is_exact(tmp_path, tmp_path_factory, version):
+    cfg = job(tmp_path, "FSDP", ranks=2, launch=FSDP[version], resume=True, max_steps=2)
+    launch_from_config(cfg)
+    cfg["train"]["max_steps"] = 4
+    launch_from_config(cfg)
+    assert [s for s, _ in list_checkpoints(os.path.join(tmp_path, "models"))] == [2, 4]
+    assert_same_weights(final_weights(tmp_path), reference(tmp_path_factory, CACHE, resume=True))
+    assert "resumed from" in (tmp_path / "logs" / "train.log").read_text()
+
+
+def test_unknown_wrap_class_is_named(tmp_path):
+    launch = dict(fsdp_config=dict(fsdp_transformer_layer_cls_to_wrap="Blok"))
+    with pytest.raises(Exception, match="no module of class 'Blok' in the model .classes present: Block"):
+        launch_from_config(job(tmp_path, "FSDP", ranks=2, launch=launch))
+
+
+def test_fsdp1_on_cpu_is_refused_in_one_line(tmp_path):
+    with pytest.raises(Exception, match="fsdp_version: 1 needs CUDA GPUs; use fsdp_version=2 on CPU"):
+        launch_from_config(job(tmp_path, "FSDP", ranks=2, launch=FSDP[1]))
