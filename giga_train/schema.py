@@ -152,6 +152,7 @@ def validate_config(cfg):
     classes = [_import_runner(f"runners[{i}]", path) for i, path in enumerate(runners)]
     _check_launch(cfg.launch)
     _check_train(cfg.train)
+    _check_precision_device(cfg)
     if "train" not in cfg.dataloaders:
         raise ConfigError(f"dataloaders.train: required key is missing{did_you_mean('train', cfg.dataloaders)}")
     for name, loader in cfg.dataloaders.items():
@@ -191,6 +192,12 @@ def _check_launch(launch):
             raise ConfigError(f"launch.gpu_ids: GPU {bad[0]} does not exist (this machine has {count})")
         if len(set(launch.gpu_ids)) != len(launch.gpu_ids):
             raise ConfigError(f"launch.gpu_ids: {list(launch.gpu_ids)} names a GPU twice")
+
+
+def _check_precision_device(cfg):
+    if cfg.train.mixed_precision == "fp16" and not cfg.launch.gpu_ids and cfg.launch.distributed_type != "NO":
+        raise ConfigError(f"train.mixed_precision: 'fp16' needs GPUs under {cfg.launch.distributed_type}"
+                          " (gloo on CPU has no fp16 path); use 'bf16' or 'no' on CPU")
 
 
 def _check_train(train):

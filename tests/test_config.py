@@ -99,6 +99,8 @@ MALFORMED = [
     (set_in(["launch", "gpu_ids"], [99]), "launch.gpu_ids: GPU 99 does not exist" if torch.cuda.is_available()
      else "launch.gpu_ids=[99]: no CUDA GPU is visible"),
     (drop("project_dir"), "project_dir: required key is missing"),
+    (lambda c: (c["launch"].update(distributed_type="DDP", num_processes=2), c["train"].update(mixed_precision="fp16")),
+     "train.mixed_precision: 'fp16' needs GPUs under DDP"),
     (drop("train", "max_steps"), "train: set max_steps or max_epochs"),
     (set_in(["train", "activation_checkpointing"], True), "train.activation_class_names: name the module"),
     (set_in(["train", "activation_class_names"], ["Block__##__x"]), "'Block__##__x' is not 'Class' or"),

@@ -32,3 +32,11 @@ def test_ddp_resume_and_restart_after_a_killed_worker(tmp_path, tmp_path_factory
     assert [s for s, _ in list_checkpoints(os.path.join(tmp_path, "models"))] == [2, 4]
     assert_same_weights(final_weights(tmp_path), reference(tmp_path_factory, CACHE, resume=True))
     assert "resumed from" in (tmp_path / "logs" / "train.log").read_text()
+
+
+def test_ddp_and_fsdp2_run_at_world_size_one(tmp_path, tmp_path_factory):
+    """One process under DDP or FSDP makes its own one-rank group and matches the NO strategy."""
+    for name, launch in (("DDP", {}), ("FSDP", dict(fsdp_config=dict(fsdp_transformer_layer_cls_to_wrap="Block")))):
+        project = tmp_path / name
+        launch_from_config(job(project, name, ranks=1, launch=launch))
+        assert_same_weights(final_weights(project), reference(tmp_path_factory, CACHE))

@@ -57,10 +57,17 @@ def fill_slurm_rendezvous(launch):
         os.environ.setdefault("MASTER_PORT", str(launch.main_process_port or 29500))
 
 
-def init_process_group(env, launch):
+def init_process_group(env, launch=None):
+    """Join the job's process group (a one-rank group on a free port when this is the only process)."""
     import torch.distributed as dist
     if dist.is_initialized():
         return
+    if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     extra = dict(device_id=env.device) if env.device.type == "cuda" else {}
     backend = "nccl" if env.device.type == "cuda" else "gloo"
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")

@@ -106,15 +106,16 @@ class Strategy:
 
     # -- collectives (identity in one process) -------------------------------------------------
     def reduce_mean(self, tensor):
-        if not self.env.distributed:
+        if not dist.is_initialized() or self.env.world_size == 1:
             return tensor
         tensor = tensor.clone()
         dist.all_reduce(tensor)  # SUM: gloo has no AVG
         return tensor / self.env.world_size
 
     def barrier(self):
-        if self.env.distributed:
+        if dist.is_initialized() and self.env.world_size > 1:
             dist.barrier()
 
     def close(self):
-        pass
+        if dist.is_initialized() and self.env.world_size == 1:
+            dist.destroy_process_group()  # the one-rank group this process made for itself

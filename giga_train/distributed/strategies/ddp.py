@@ -4,11 +4,16 @@ import contextlib
 from torch.nn.parallel import DistributedDataParallel
 
 from ...registry import STRATEGIES
+from ..env import init_process_group
 from .base import Strategy
 
 
 @STRATEGIES.register(name="DDP")
 class DDPStrategy(Strategy):
+    def __init__(self, env, launch, train):
+        super().__init__(env, launch, train)
+        init_process_group(env)  # also at world size 1: DDP needs a group
+
     def setup(self, model, make_optimizer):
         model = model.to(self.device)
         device_ids = [self.device.index] if self.device.type == "cuda" else None

@@ -15,6 +15,7 @@ from ...config import Config, ConfigError
 from ...module_dict import ModuleDict
 from ...registry import STRATEGIES
 from ...schema import FSDP
+from ..env import init_process_group
 from .base import Strategy
 
 
@@ -35,6 +36,7 @@ def wrap_class_names(fsdp_config, model):
 class FSDPStrategy(Strategy):
     def __init__(self, env, launch, train):
         super().__init__(env, launch, train)
+        init_process_group(env)  # also at world size 1: FSDP needs a group
         self.fsdp = launch.fsdp_config or Config({k: v.default for k, v in FSDP.items()})
         self.version = self.fsdp.fsdp_version
 
