@@ -158,6 +158,12 @@ def validate_config(cfg):
     for name, loader in cfg.dataloaders.items():
         _fill(f"dataloaders.{name}", loader, LOADER)
         _check_loader(f"dataloaders.{name}", loader)
+    if cfg.launch.distributed_type == "DEEPSPEED":
+        from .distributed.deepspeed_config import resolve_deepspeed_config
+        world_size = (len(cfg.launch.gpu_ids) if cfg.launch.gpu_ids else cfg.launch.num_processes) * \
+            cfg.launch.num_machines
+        resolve_deepspeed_config(cfg.launch.deepspeed_config, cfg.train, cfg.dataloaders.train.batch_size_per_gpu,
+                                 world_size)
     _check_built("optimizers", OPTIMIZERS, cfg.optimizers, supplied=("params",))
     _check_built("schedulers", SCHEDULERS, cfg.schedulers, supplied=("optimizer",))
     return classes

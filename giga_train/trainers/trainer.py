@@ -56,7 +56,8 @@ class Trainer:
         self.model_dir = os.path.join(cfg.project_dir, "models")
         self.log_dir = os.path.join(cfg.project_dir, "logs")
         text_logger(self.log_dir, self.env.is_main)
-        self.strategy = STRATEGIES.get(cfg.launch.distributed_type)(self.env, cfg.launch, t)
+        self.strategy = STRATEGIES.get(cfg.launch.distributed_type)(
+            self.env, cfg.launch, t, micro_batch_size=cfg.dataloaders.train.batch_size_per_gpu)
         self.dtype = self.strategy.precision.dtype or torch.float32
 
         seed_everything(t.seed)  # every rank builds the same initial weights

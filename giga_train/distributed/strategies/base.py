@@ -17,8 +17,9 @@ from ...registry import STRATEGIES
 
 @STRATEGIES.register(name="NO")
 class Strategy:
-    def __init__(self, env, launch, train):
+    def __init__(self, env, launch, train, micro_batch_size=1):
         self.env, self.launch, self.train = env, launch, train
+        self.micro_batch_size = micro_batch_size
         self.device = env.device
         self.precision = Precision(train.mixed_precision, env.device)
         self.model = self.optimizer = None

@@ -10,8 +10,8 @@ from .base import Strategy
 
 @STRATEGIES.register(name="DDP")
 class DDPStrategy(Strategy):
-    def __init__(self, env, launch, train):
-        super().__init__(env, launch, train)
+    def __init__(self, env, launch, train, **kwargs):
+        super().__init__(env, launch, train, **kwargs)
         init_process_group(env)  # also at world size 1: DDP needs a group
 
     def setup(self, model, make_optimizer):

@@ -34,8 +34,8 @@ def wrap_class_names(fsdp_config, model):
 
 @STRATEGIES.register(name="FSDP")
 class FSDPStrategy(Strategy):
-    def __init__(self, env, launch, train):
-        super().__init__(env, launch, train)
+    def __init__(self, env, launch, train, **kwargs):
+        super().__init__(env, launch, train, **kwargs)
         init_process_group(env)  # also at world size 1: FSDP needs a group
         self.fsdp = launch.fsdp_config or Config({k: v.default for k, v in FSDP.items()})
         self.version = self.fsdp.fsdp_version

@@ -1,0 +1,89 @@
+"""DEEPSPEED: the real DeepSpeed engine (ZeRO-0..3) around our model, optimizer and accumulation.
+
+The trainer still owns the accumulation boundary: every micro-batch is backward then engine.step()
+(DeepSpeed requires both per micro-batch), and the engine's gradient_accumulation_steps is ours, so
+its boundary and the trainer's agree. Clipping, loss scaling and bf16/fp16 are the engine's."""
+import contextlib
+import os
+
+import torch
+
+from ...config import ConfigError
+from ...registry import STRATEGIES
+from ..deepspeed_config import resolve_deepspeed_config
+from ..env import init_process_group
+from .base import Strategy
+
+STATE_TAG = "state"
+
+
+@STRATEGIES.register(name="DEEPSPEED")
+class DeepSpeedStrategy(Strategy):
+    def __init__(self, env, launch, train, **kwargs):
+        super().__init__(env, launch, train, **kwargs)
+        init_process_group(env)
+        self.precision.scaler = None  # the engine scales fp16 losses itself
+        self._accumulating = False
+
+    def setup(self, model, make_optimizer):
+        import deepspeed
+        self.ds_config = resolve_deepspeed_config(self.launch.deepspeed_config, self.train,
+                                                  self.micro_batch_size, self.env.world_size)
+        self.stage = int(self.ds_config.get("zero_optimization", {}).get("stage", 0))
+        if self.stage == 3 and self.train.with_ema:
+            raise ConfigError("train.with_ema: not available under ZeRO-3 (parameters are partitioned);"
+                              " use FSDP (fsdp_version=2) or ZeRO-0/1/2")
+        model.to(self.device)
+        optimizer = make_optimizer(model)
+        check = getattr(type(optimizer), "check_zero_compatible", None)
+        if check is not None:
+            try:
+                check(self.stage, torch.bfloat16 if self.train.mixed_precision == "bf16" else torch.float32)
+            except ValueError as e:
+                raise ConfigError(f"optimizers: {e}") from None
+        self.model, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config,
+                                                   dist_init_required=False)
+        self.optimizer = optimizer  # the torch optimizer: our scheduler sets its param groups' lr
+        return self.model, self.optimizer
+
+    def unwrap(self):
+        return self.model.module
+
+    def autocast(self):
+        return contextlib.nullcontext()  # the engine runs the module in bf16/fp16 itself
+
+    def accumulating(self, accumulating):
+        self._accumulating = accumulating
+        return contextlib.nullcontext()
+
+    def backward(self, loss):
+        self.model.backward(loss, scale_wrt_gas=False)  # the trainer already divided by the accumulation
+        if self._accumulating:
+            self.model.step()  # not a boundary: the engine only counts the micro-step
+
+    def step(self, max_grad_norm=None, measure=False):
+        self.model.step()
+        norm = self.model.get_global_grad_norm()
+        if norm is None:
+            return None
+        return norm.detach().float() if torch.is_tensor(norm) else torch.tensor(float(norm))
+
+    # -- state --------------------------------------------------------------------------------
+    def model_state_dict(self):
+        if self.stage == 3:
+            state = self.model._zero3_consolidated_16bit_state_dict()  # gathered on rank 0 (a collective)
+            return {k: v.detach().cpu() for k, v in (state or {}).items()}
+        return super().model_state_dict()
+
+    def load_model(self, folder, strict):
+        return [], []  # the engine's own checkpoint (load_state) restores the weights, partitioned or not
+
+    def save_state(self, folder):
+        client = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
+        self.model.save_checkpoint(os.path.join(folder, "deepspeed"), tag=STATE_TAG, client_state=client)
+
+    def load_state(self, folder):
+        path, _ = self.model.load_checkpoint(os.path.join(folder, "deepspeed"), tag=STATE_TAG,
+                                             load_module_strict=self.train.checkpoint_strict)
+        if path is None:
+            raise FileNotFoundError(f"{folder}/deepspeed: no DeepSpeed checkpoint to resume from")
