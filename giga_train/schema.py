@@ -142,6 +142,12 @@ def _fill(path, node, schema):
             node[key] = spec.validate(where, node[key])
 
 
+def world_size_of(launch):
+    """Ranks in the whole job: one per GPU id (or num_processes on CPU) on each machine."""
+    per_machine = len(launch.gpu_ids) if launch.gpu_ids else launch.num_processes
+    return per_machine * launch.num_machines
+
+
 def validate_config(cfg):
     """Fill defaults and check every section before any work starts. Returns the runner classes."""
     _fill("", cfg, SECTIONS)
@@ -160,10 +166,8 @@ def validate_config(cfg):
         _check_loader(f"dataloaders.{name}", loader)
     if cfg.launch.distributed_type == "DEEPSPEED":
         from .distributed.deepspeed_config import resolve_deepspeed_config
-        world_size = (len(cfg.launch.gpu_ids) if cfg.launch.gpu_ids else cfg.launch.num_processes) * \
-            cfg.launch.num_machines
         resolve_deepspeed_config(cfg.launch.deepspeed_config, cfg.train, cfg.dataloaders.train.batch_size_per_gpu,
-                                 world_size)
+                                 world_size_of(cfg.launch))
     _check_built("optimizers", OPTIMIZERS, cfg.optimizers, supplied=("params",))
     _check_built("schedulers", SCHEDULERS, cfg.schedulers, supplied=("optimizer",))
     return classes

@@ -10,15 +10,10 @@ import tempfile
 import uuid
 
 from ..config import ConfigError, load_config
-from ..schema import validate_config
+from ..schema import validate_config, world_size_of
 
 log = logging.getLogger("giga_train")
 RESULT_DIR = "GIGA_TRAIN_RESULT_DIR"
-
-
-def world_size_of(launch):
-    per_machine = len(launch.gpu_ids) if launch.gpu_ids else launch.num_processes
-    return per_machine * launch.num_machines
 
 
 def started_by_a_launcher(world_size):
