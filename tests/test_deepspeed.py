@@ -62,3 +62,8 @@ def test_deepspeed_bad_input_is_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
     assert not (tmp_path / "run").exists()
+
+
+def test_zero_runs_as_one_process_without_a_launcher(tmp_path, tmp_path_factory):
+    launch_from_config(job(tmp_path, "DEEPSPEED", ranks=1, launch=zero(2)))
+    assert_same_weights(final_weights(tmp_path), reference(tmp_path_factory, CACHE))

@@ -41,6 +41,7 @@ class DeepSpeedStrategy(Strategy):
                 check(self.stage, torch.bfloat16 if self.train.mixed_precision == "bf16" else torch.float32)
             except ValueError as e:
                 raise ConfigError(f"optimizers: {e}") from None
+        self._added_env = _set_launcher_variables(self.env)
         self.model, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config,
                                                    dist_init_required=False)
         self.optimizer = optimizer  # the torch optimizer: our scheduler sets its param groups' lr
@@ -66,7 +67,13 @@ class DeepSpeedStrategy(Strategy):
         norm = self.model.get_global_grad_norm()
         if norm is None:
             return None
-        return norm.detach().float() if torch.is_tensor(norm) else torch.tensor(float(norm))
+        norm = norm.detach().float() if torch.is_tensor(norm) else torch.tensor(float(norm))
+        return norm.to(self.device)
+
+    def close(self):
+        for key in getattr(self, "_added_env", []):
+            os.environ.pop(key, None)
+        super().close()
 
     # -- state --------------------------------------------------------------------------------
     def model_state_dict(self):
@@ -87,3 +94,12 @@ class DeepSpeedStrategy(Strategy):
                                              load_module_strict=self.train.checkpoint_strict)
         if path is None:
             raise FileNotFoundError(f"{folder}/deepspeed: no DeepSpeed checkpoint to resume from")
+
+
+def _set_launcher_variables(env):
+    """DeepSpeed reads LOCAL_RANK & co. throughout, also in one process started without a launcher.
+    Returns the names it set, which close() removes, so this process is not taken for a launched rank."""
+    values = {"LOCAL_RANK": env.local_rank, "RANK": env.rank, "WORLD_SIZE": env.world_size}
+    added = [k for k in values if k not in os.environ]
+    os.environ.update({k: str(values[k]) for k in added})
+    return added
