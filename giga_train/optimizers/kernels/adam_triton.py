@@ -12,23 +12,10 @@ import triton
 import triton.language as tl
 
 from .multi_tensor import KIND, PointerTable, program_table
+from .triton_ptr import table_ptr
 
 BLOCK, WARPS = 1024, 4  # the fastest of bench/optimizers.py --tune on the H200
 ROWS = 6  # table rows: param, grad, exp_avg, exp_avg_sq, master, step
-
-
-@triton.jit
-def _tensor_ptr(TAB, row, n, k, KIND: tl.constexpr, ALIGNED: tl.constexpr):
-    addr = tl.load(TAB + row * n + k)
-    if ALIGNED:
-        addr = tl.multiple_of(addr, 16)
-    if KIND == 1:
-        ptr = addr.to(tl.pointer_type(tl.bfloat16))
-    elif KIND == 2:
-        ptr = addr.to(tl.pointer_type(tl.float16))
-    else:
-        ptr = addr.to(tl.pointer_type(tl.float32))
-    return ptr
 
 
 @triton.jit
@@ -39,13 +26,13 @@ def _adam_kernel(TAB, NUMEL, CHUNKS, LOG_BETAS, n, lr, b1, b2, eps, wd,
     k = tl.load(CHUNKS + 2 * pid)
     chunk = tl.load(CHUNKS + 2 * pid + 1)
     numel = tl.load(NUMEL + k)
-    p_ptr = _tensor_ptr(TAB, 0, n, k, P_KIND, ALIGNED)
-    g_ptr = _tensor_ptr(TAB, 1, n, k, G_KIND, ALIGNED)
-    m_ptr = _tensor_ptr(TAB, 2, n, k, S_KIND, ALIGNED)
-    v_ptr = _tensor_ptr(TAB, 3, n, k, S_KIND, ALIGNED)
-    w_ptr = _tensor_ptr(TAB, 4, n, k, 0, ALIGNED)
+    p_ptr = table_ptr(TAB + 0 * n, k, P_KIND, ALIGNED)
+    g_ptr = table_ptr(TAB + 1 * n, k, G_KIND, ALIGNED)
+    m_ptr = table_ptr(TAB + 2 * n, k, S_KIND, ALIGNED)
+    v_ptr = table_ptr(TAB + 3 * n, k, S_KIND, ALIGNED)
+    w_ptr = table_ptr(TAB + 4 * n, k, 0, ALIGNED)
     # bias corrections in fp64 from log(beta) computed on the host in double, as torch does
-    step = tl.load(_tensor_ptr(TAB, 5, n, k, 0, False)).to(tl.float64)
+    step = tl.load(table_ptr(TAB + 5 * n, k, 0, False)).to(tl.float64)
     bc1 = (1.0 - tl.exp(step * tl.load(LOG_BETAS))).to(tl.float32)
     bc2_sqrt = tl.sqrt_rn((1.0 - tl.exp(step * tl.load(LOG_BETAS + 1))).to(tl.float32))
     offs = chunk * BLOCK + tl.arange(0, BLOCK)

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from . import qmap
+from .triton_ptr import table_ptr
 
 MW = tl.constexpr(10)  # META row width: R, C, row, col, element, scale, row-part, col-part offsets, #col blocks, #row chunks
 
@@ -29,20 +30,6 @@ _BINS0, _BINS1, _BINS2, _BINS3 = (tl.constexpr(d["count"] / 0.9) for d in _DEC)
 _INVDEC0, _INVDEC1, _INVDEC2, _INVDEC3 = (tl.constexpr(d["inv_dec"]) for d in _DEC)
 _BELOW0, _BELOW1, _BELOW2, _BELOW3 = (tl.constexpr(d["below"]) for d in _DEC)
 _TOP = tl.constexpr(_TOP_MID)
-
-
-@triton.jit
-def _ptr(tab, k, KIND: tl.constexpr, ALIGNED: tl.constexpr):
-    addr = tl.load(tab + k)
-    if ALIGNED:  # lets the compiler vectorise loads through the table's addresses
-        addr = tl.multiple_of(addr, 16)
-    if KIND == 1:
-        ptr = addr.to(tl.pointer_type(tl.bfloat16))
-    elif KIND == 2:
-        ptr = addr.to(tl.pointer_type(tl.float16))
-    else:
-        ptr = addr.to(tl.pointer_type(tl.float32))
-    return ptr
 
 
 @triton.jit
@@ -131,7 +118,7 @@ def _sq_sums_kernel(G_TAB, META, TILES, ROWPART, COLPART, eps1, G_KIND: tl.const
         C = tl.multiple_of(C, 16)
     rp_off = tl.load(META + MW * k + 6)
     cp_off = tl.load(META + MW * k + 7)
-    g_ptr = _ptr(G_TAB, k, G_KIND, ALIGNED)
+    g_ptr = table_ptr(G_TAB, k, G_KIND, ALIGNED)
     cols = cb * BC + tl.arange(0, BC)
     cmask = cols < C
     r_end = tl.minimum(rc * RC + RC, R)
@@ -161,7 +148,7 @@ def _res_sums_kernel(G_TAB, META, TILES, RINV, CINV, ROWSUM, SHAT, MOM, SCALES, 
     sc_off = tl.load(META + MW * k + 5)
     rp_off = tl.load(META + MW * k + 6)
     cp_off = tl.load(META + MW * k + 7)
-    g_ptr = _ptr(G_TAB, k, G_KIND, ALIGNED)
+    g_ptr = table_ptr(G_TAB, k, G_KIND, ALIGNED)
     cols = cb * BC + tl.arange(0, BC)
     cmask = cols < C
     c = tl.load(CINV + col_off + cols, mask=cmask, other=0.0)
@@ -264,8 +251,8 @@ def _update_kernel(P_TAB, G_TAB, META, BLOCKS, RINV, CINV, ROWSUM, SCALE, RRINV,
     col_off = tl.load(META + MW * k + 3)
     el_off = tl.load(META + MW * k + 4)
     sc_off = tl.load(META + MW * k + 5)
-    p_ptr = _ptr(P_TAB, k, P_KIND, ALIGNED)
-    g_ptr = _ptr(G_TAB, k, G_KIND, ALIGNED)
+    p_ptr = table_ptr(P_TAB, k, P_KIND, ALIGNED)
+    g_ptr = table_ptr(G_TAB, k, G_KIND, ALIGNED)
     start = b * BS
     t = tl.arange(0, BS)
     offs = start + t
@@ -322,8 +309,8 @@ def _vector_kernel(P_TAB, G_TAB, VMETA, V, M, RMS, lr, wd, b1, b2, eps1, clip, s
     k = tl.program_id(0)
     n = tl.load(VMETA + 2 * k)
     off = tl.load(VMETA + 2 * k + 1)
-    p_ptr = _ptr(P_TAB, k, P_KIND, ALIGNED)
-    g_ptr = _ptr(G_TAB, k, G_KIND, ALIGNED)
+    p_ptr = table_ptr(P_TAB, k, P_KIND, ALIGNED)
+    g_ptr = table_ptr(G_TAB, k, G_KIND, ALIGNED)
     acc_u = tl.zeros([BLOCK], dtype=tl.float32)
     acc_p = tl.zeros([BLOCK], dtype=tl.float32)
     for o in range(0, n, BLOCK):
