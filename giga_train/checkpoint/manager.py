@@ -49,11 +49,15 @@ class CheckpointManager:
         found = list_checkpoints(self.models_dir)
         return found[-1][1] if found else None
 
+    def tmp_path(self, epoch, step):
+        """Where checkpoint (epoch, step) is written before it is renamed into place."""
+        return os.path.join(self.models_dir, TMP_PREFIX + checkpoint_name(epoch, step))
+
     def begin(self, epoch, step):
         """A fresh temporary folder to write checkpoint (epoch, step) into."""
         os.makedirs(self.models_dir, exist_ok=True)
         self._sweep()
-        tmp = os.path.join(self.models_dir, TMP_PREFIX + checkpoint_name(epoch, step))
+        tmp = self.tmp_path(epoch, step)
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         return tmp

@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 from ..checkpoint import CheckpointManager, is_complete, load_weights, read_meta, rng_state, set_rng_state
-from ..checkpoint.manager import TMP_PREFIX, checkpoint_name
 from ..config import ConfigError, load_config
 from ..data import DataStream
 from ..distributed.activation_checkpointing import apply_activation_checkpointing
@@ -185,7 +184,7 @@ class Trainer:
         start = time.perf_counter()
         tmp = self.checkpoints.begin(self.epoch, self.step) if self.env.is_main else None
         strategy.barrier()
-        tmp = tmp or self._tmp_name()
+        tmp = tmp or self.checkpoints.tmp_path(self.epoch, self.step)
         strategy.save_model(os.path.join(tmp, "model"), t.checkpoint_safe_serialization)
         if self.ema is not None:
             strategy.save_model(os.path.join(tmp, "model_ema"), t.checkpoint_safe_serialization,
@@ -203,9 +202,6 @@ class Trainer:
                 mixed_precision=t.mixed_precision, ema=self.ema is not None, config=self.config.to_dict()))
             log.info("saved %s (%.1f s)", final, time.perf_counter() - start)
         strategy.barrier()
-
-    def _tmp_name(self):
-        return os.path.join(self.model_dir, TMP_PREFIX + checkpoint_name(self.epoch, self.step))
 
     def _resume(self, resume):
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
