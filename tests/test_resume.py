@@ -97,12 +97,12 @@ def test_total_limit_keeps_and_metadata(tmp_path):
     meta = read_meta(str(tmp_path / "models" / "checkpoint_epoch_0_step_30"))
     assert meta["step"] == 30 and meta["samples_seen"] == 30 * 8 and meta["world_size"] == 1
     folder = tmp_path / "models" / "checkpoint_epoch_0_step_30"
-    assert sorted(os.listdir(folder)) == ["meta.json", "model", "optimizer.pt", "random_states_0.pt",
-                                          "training_state.pt"]
+    assert sorted(os.listdir(folder)) == ["meta.json", "model", "optimizer_dcp", "precision.pt",
+                                          "random_states_0.pt", "training_state.pt"]
     assert os.listdir(folder / "model") == ["model.safetensors"]
     # training state loads without unpickling code
     torch.load(folder / "training_state.pt", weights_only=True)
-    torch.load(folder / "optimizer.pt", weights_only=True)
+    torch.load(folder / "precision.pt", weights_only=True)
 
 
 def test_resume_from_a_named_checkpoint_and_pickle_weights(tmp_path):

@@ -80,7 +80,7 @@ def test_mixed_precision_trains(tmp_path, precision):
     assert all(torch.isfinite(torch.tensor(trainer.losses)))
     assert next(trainer.unwrapped_model.parameters()).dtype == torch.float32  # weights stay fp32
     if precision == "fp16":
-        state = torch.load(tmp_path / "models" / "checkpoint_epoch_0_step_3" / "optimizer.pt", weights_only=True)
+        state = torch.load(tmp_path / "models" / "checkpoint_epoch_0_step_3" / "precision.pt", weights_only=True)
         assert state["precision"]["scaler"]["scale"] > 0
 
 

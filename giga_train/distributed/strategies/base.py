@@ -14,6 +14,8 @@ from ...module_dict import ModuleDict
 from ...precision import Precision
 from ...registry import STRATEGIES
 
+OPTIMIZER_DCP, PRECISION_FILE = "optimizer_dcp", "precision.pt"
+
 
 @STRATEGIES.register(name="NO")
 class Strategy:
@@ -95,15 +97,31 @@ class Strategy:
         return missing, unexpected
 
     def save_state(self, folder):
-        """Optimizer and loss-scaler state (this engine's part of the training state)."""
+        """Optimizer state keyed by parameter name through torch.distributed.checkpoint (each rank
+        writes its shards; replicated tensors once), so any strategy at any world size can read it;
+        the loss-scaler state beside it."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+        dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
+                 checkpoint_id=os.path.join(folder, OPTIMIZER_DCP))
         if self.env.is_main:
-            torch.save({"optimizer": self.optimizer.state_dict(), "precision": self.precision.state_dict()},
-                       os.path.join(folder, "optimizer.pt"))
+            torch.save({"precision": self.precision.state_dict()}, os.path.join(folder, PRECISION_FILE))
 
     def load_state(self, folder):
-        state = torch.load(os.path.join(folder, "optimizer.pt"), map_location="cpu", weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.precision.load_state_dict(state["precision"])
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+        source = os.path.join(folder, OPTIMIZER_DCP)
+        if not os.path.isdir(source):
+            from ..portable import full_optimizer_state
+            set_optimizer_state_dict(self.model, self.optimizer, full_optimizer_state(folder, self),
+                                     options=_full_options())
+        else:
+            state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}  # the shapes to fill
+            dcp.load(state, checkpoint_id=source)
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+        precision = os.path.join(folder, PRECISION_FILE)
+        if os.path.isfile(precision):
+            self.precision.load_state_dict(torch.load(precision, map_location="cpu", weights_only=True)["precision"])
 
     # -- collectives (identity in one process) -------------------------------------------------
     def reduce_mean(self, tensor):
@@ -120,3 +138,8 @@ class Strategy:
     def close(self):
         if dist.is_initialized() and self.env.world_size == 1:
             dist.destroy_process_group()  # the one-rank group this process made for itself
+
+
+def _full_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True)

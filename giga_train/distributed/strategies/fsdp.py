@@ -2,12 +2,9 @@
 the same wrap policy (fsdp_version=1). Optimizer state is saved sharded through torch.distributed.checkpoint;
 the model is also written whole, as in every strategy."""
 import contextlib
-import os
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor
 
 from ...checkpoint.state import load_weights
@@ -100,16 +97,3 @@ class FSDPStrategy(Strategy):
         state = load_weights(folder, members=isinstance(self.unwrap(), ModuleDict))
         set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=strict))
         return [], []
-
-    def save_state(self, folder):
-        dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
-                 checkpoint_id=os.path.join(folder, "optimizer_dcp"))
-        if self.env.is_main:
-            torch.save({"precision": self.precision.state_dict()}, os.path.join(folder, "precision.pt"))
-
-    def load_state(self, folder):
-        state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
-        dcp.load(state, checkpoint_id=os.path.join(folder, "optimizer_dcp"))
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
-        precision = torch.load(os.path.join(folder, "precision.pt"), map_location="cpu", weights_only=True)
-        self.precision.load_state_dict(precision["precision"])
