@@ -22,7 +22,10 @@ class WanTrainer(Trainer):
         x0 = batch_dict["latents"].float()
         noise = torch.randn_like(x0)
         sigmas = sample_sigmas(x0.shape[0], self.flow_shift, self.timestep_sampling, device=x0.device)
-        prediction = self.model(hidden_states=noisy_latents(x0, noise, sigmas),
+        # Inputs in the weights' dtype: fp32 under autocast, bf16 where the engine (DeepSpeed) holds bf16
+        # weights and runs without autocast. The noising and the target stay in fp32.
+        dtype = next(self.unwrapped_model.parameters()).dtype
+        prediction = self.model(hidden_states=noisy_latents(x0, noise, sigmas).to(dtype),
                                 timestep=timesteps_from_sigmas(sigmas),
-                                encoder_hidden_states=batch_dict["text_embeds"], return_dict=False)[0]
+                                encoder_hidden_states=batch_dict["text_embeds"].to(dtype), return_dict=False)[0]
         return flow_matching_loss(prediction, velocity_target(x0, noise))
