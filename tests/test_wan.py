@@ -105,6 +105,57 @@ def test_missing_pretrained_transformer_is_one_line_exit_2(tmp_path, capsys):
     assert not (tmp_path / "models").exists()
 
 
+def save_tiny_wan_encoders(root):
+    """A random Wan2.2-style VAE (patch 2, 16x spatial, 4x temporal, 4 latent channels), a 1-layer UMT5
+    and a word-level tokenizer, saved as a local diffusers folder."""
+    from diffusers import AutoencoderKLWan
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
+    torch.manual_seed(0)
+    AutoencoderKLWan(base_dim=8, z_dim=4, num_res_blocks=1, is_residual=True, in_channels=12, out_channels=12,
+                     patch_size=2, scale_factor_spatial=16, latents_mean=[0.5, 0.0, 0.0, 0.0],
+                     latents_std=[2.0, 1.0, 1.0, 1.0]).save_pretrained(os.path.join(root, "vae"))
+    words = ["<pad>", "</s>", "<unk>", "a", "cat", "dog", "runs"]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(os.path.join(root, "tokenizer"))
+    UMT5EncoderModel(UMT5Config(vocab_size=len(words), d_model=32, num_layers=1, num_heads=2, d_kv=16,
+                                d_ff=64)).save_pretrained(os.path.join(root, "text_encoder"))
+
+
+def test_encoding_images_and_frame_folders_with_local_encoders(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from PIL import Image
+    from safetensors.torch import load_file
+    save_tiny_wan_encoders(tmp_path / "wan")
+    videos = tmp_path / "videos"
+    (videos / "clip_b").mkdir(parents=True)
+    Image.fromarray((torch.rand(40, 50, 3) * 255).byte().numpy()).save(videos / "a.png")
+    (videos / "a.txt").write_text("a cat")
+    for i in range(7):  # 7 frames: the first 4k+1 = 5 are kept
+        Image.fromarray((torch.rand(48, 64, 3) * 255).byte().numpy()).save(videos / "clip_b" / f"{i:03d}.png")
+    (videos / "clip_b.txt").write_text("a  dog\nruns")
+    out = tmp_path / "out"
+    args = ["--videos", str(videos), "--vae", str(tmp_path / "wan"), "--text-encoder", str(tmp_path / "wan"),
+            "--out", str(out), "--frames", "9", "--height", "32", "--width", "32", "--device", "cpu"]
+    assert build_dataset.main(args) == 0
+    image, clip = (load_file(str(out / f"sample_00000{i}.safetensors")) for i in (0, 1))
+    assert image["latents"].shape == (4, 1, 2, 2) and clip["latents"].shape == (4, 2, 2, 2)
+    assert image["text_embeds"].shape == (2, 32) and clip["text_embeds"].shape == (3, 32)  # real tokens only
+    # the latents are the VAE's mode, normalised by the VAE config's mean and std
+    from diffusers import AutoencoderKLWan
+    from examples.wan.encode import prepare_clip, read_frames
+    vae = AutoencoderKLWan.from_pretrained(str(tmp_path / "wan/vae"))
+    with torch.no_grad():
+        z = vae.encode(prepare_clip(read_frames(str(videos / "clip_b")), 9, 32, 32)[None]).latent_dist.mode()[0]
+    expected = (z - torch.tensor([0.5, 0, 0, 0]).view(-1, 1, 1, 1)) / torch.tensor([2.0, 1, 1, 1]).view(-1, 1, 1, 1)
+    assert torch.allclose(clip["latents"].float(), expected, atol=3e-2, rtol=1e-2)
+    (videos / "c.png").write_bytes((videos / "a.png").read_bytes())  # no c.txt: refused before any encoding
+    assert build_dataset.main(args[:-10] + ["--out", str(tmp_path / "out2")]) == 2
+    assert "without a caption" in capsys.readouterr().err and not (tmp_path / "out2").exists()
+
+
 # -- the tiny config through the real Trainer -----------------------------------------------------------
 def train(project, data, steps):
     RecordingWanTrainer.losses = []

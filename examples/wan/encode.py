@@ -56,7 +56,7 @@ def read_frames(path):
         return _decode_video(path)
     else:
         images = [Image.open(path)]
-    return torch.stack([torch.from_numpy(np.asarray(im.convert("RGB"))).permute(2, 0, 1) for im in images])
+    return torch.stack([torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1) for im in images])
 
 
 def prepare_clip(frames, num_frames, height, width, temporal_stride=4):
