@@ -1,6 +1,7 @@
 """The training data stream: endless micro-batches across epochs, with an exact, resumable position."""
 import hashlib
 import inspect
+import logging
 import random
 
 import numpy as np
@@ -9,6 +10,8 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..registry import DATASETS, SAMPLERS, TRANSFORMS, import_object
 from .samplers import DefaultSampler
+
+log = logging.getLogger("giga_train")
 
 
 class _Samples(Dataset):
@@ -84,6 +87,7 @@ class DataStream:
                                  sampler=self._tagged, num_workers=cfg.num_workers, pin_memory=pin,
                                  collate_fn=collate, drop_last=False, **extra)
         self.epoch, self.batch_in_epoch = 0, 0
+        self.samples_seen = 0  # global samples consumed since the start of training
         self._iter = None
         self._ahead = None  # on CUDA one batch is copied ahead, overlapping the copy with the step
 
@@ -92,16 +96,29 @@ class DataStream:
         return len(self.loader) if not isinstance(self.sampler, DefaultSampler) else self.sampler.num_batches
 
     @property
-    def samples_seen(self):
-        """Global samples consumed since the start of training."""
-        return (self.epoch * len(self) + self.batch_in_epoch) * self.batch_size * self.world_size
+    def global_batch(self):
+        return self.batch_size * self.world_size
 
     def state_dict(self):
         return dict(epoch=self.epoch, batch_in_epoch=self.batch_in_epoch, samples_seen=self.samples_seen,
-                    global_batch=self.batch_size * self.world_size)
+                    global_batch=self.global_batch)
 
     def load_state_dict(self, state):
+        """Continue where `state` stopped, also when it was saved with another global batch (world size
+        or batch_size_per_gpu changed): the position is then the samples seen in the epoch, rounded
+        down to a whole global batch of ours (said in one line when that repeats samples)."""
         self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
+        self.samples_seen = int(state.get("samples_seen", self.samples_seen))
+        saved_batch = int(state.get("global_batch", self.global_batch))
+        if saved_batch != self.global_batch:
+            in_epoch = self.batch_in_epoch * saved_batch
+            self.batch_in_epoch = in_epoch // self.global_batch
+            again = in_epoch - self.batch_in_epoch * self.global_batch
+            self.samples_seen -= again
+            if again:
+                log.warning("resume: global batch %d -> %d; epoch %d continues at sample %d, not %d "
+                            "(%d samples seen again)", saved_batch, self.global_batch, self.epoch,
+                            in_epoch - again, in_epoch, again)
         self._iter, self._ahead = None, None
 
     def _start_epoch(self):
@@ -138,6 +155,7 @@ class DataStream:
             batch = self._ahead if self._ahead is not None else to_device(self._next_raw(), self.device)
             self._ahead = None
         self.batch_in_epoch += 1
+        self.samples_seen += self.global_batch
         if self.batch_in_epoch == len(self):
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
             self._iter = None

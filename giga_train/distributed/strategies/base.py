@@ -111,10 +111,14 @@ class Strategy:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
         source = os.path.join(folder, OPTIMIZER_DCP)
-        if not os.path.isdir(source):
-            from ..portable import full_optimizer_state
-            set_optimizer_state_dict(self.model, self.optimizer, full_optimizer_state(folder, self),
-                                     options=_full_options())
+        if not os.path.isdir(source):  # written under DeepSpeed: its universal form, fp32 weights included
+            from torch.distributed.checkpoint.state_dict import set_model_state_dict
+            from ..portable import read_deepspeed, trainable_names
+            weights, optim = read_deepspeed(folder, trainable_names(self.unwrap(), self.optimizer),
+                                            self.optimizer.param_groups)
+            if weights is not None:
+                set_model_state_dict(self.model, weights, options=_full_options(strict=False))
+            set_optimizer_state_dict(self.model, self.optimizer, optim, options=_full_options())
         else:
             state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}  # the shapes to fill
             dcp.load(state, checkpoint_id=source)
@@ -140,6 +144,6 @@ class Strategy:
             dist.destroy_process_group()  # the one-rank group this process made for itself
 
 
-def _full_options():
+def _full_options(**extra):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
-    return StateDictOptions(full_state_dict=True)
+    return StateDictOptions(full_state_dict=True, **extra)

@@ -6,15 +6,21 @@ its boundary and the trainer's agree. Clipping, loss scaling and bf16/fp16 are t
 import contextlib
 import os
 
+import logging
+
 import torch
 
+from ...checkpoint.state import load_weights
 from ...config import ConfigError
+from ...module_dict import ModuleDict
 from ...registry import STRATEGIES
 from ..deepspeed_config import resolve_deepspeed_config
 from ..env import init_process_group
+from ..portable import (DEEPSPEED_DIR, DEEPSPEED_TAG, deepspeed_meta, read_dcp, read_deepspeed, trainable_names,
+                        write_deepspeed_meta)
 from .base import Strategy
 
-STATE_TAG = "state"
+log = logging.getLogger("giga_train")
 
 
 @STRATEGIES.register(name="DEEPSPEED")
@@ -41,6 +47,8 @@ class DeepSpeedStrategy(Strategy):
                 check(self.stage, torch.bfloat16 if self.train.mixed_precision == "bf16" else torch.float32)
             except ValueError as e:
                 raise ConfigError(f"optimizers: {e}") from None
+        self._names = trainable_names(model, optimizer)  # before the engine swaps in flat partitions
+        self._groups = [dict(g, params=list(g["params"])) for g in optimizer.param_groups]
         self._added_env = _set_launcher_variables(self.env)
         self.model, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config,
                                                    dist_init_required=False)
@@ -77,23 +85,118 @@ class DeepSpeedStrategy(Strategy):
 
     # -- state --------------------------------------------------------------------------------
     def model_state_dict(self):
-        if self.stage == 3:
-            state = self.model._zero3_consolidated_16bit_state_dict()  # gathered on rank 0 (a collective)
-            return {k: v.detach().cpu() for k, v in (state or {}).items()}
-        return super().model_state_dict()
+        """The fp32 master weights, whole (the engine's module may hold bf16/fp16 copies, partitioned
+        under ZeRO-3): the same `model/` file as every other strategy writes. A collective."""
+        from deepspeed.utils import safe_get_full_fp32_param
+        state = {}
+        for key, value in self.unwrap().state_dict(keep_vars=True).items():
+            full = safe_get_full_fp32_param(value) if isinstance(value, torch.nn.Parameter) else None
+            if full is None and hasattr(value, "ds_id"):  # a frozen ZeRO-3 parameter: gather it
+                import deepspeed
+                with deepspeed.zero.GatheredParameters([value]):
+                    full = value.detach().clone()
+            full = (value if full is None else full).detach().cpu()
+            state[key] = full.float() if full.is_floating_point() else full
+        return state
 
     def load_model(self, folder, strict):
-        return [], []  # the engine's own checkpoint (load_state) restores the weights, partitioned or not
+        self._weights_folder = folder  # applied in load_state, unless the engine's own files restore them
+        return [], []
 
     def save_state(self, folder):
         client = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
-        self.model.save_checkpoint(os.path.join(folder, "deepspeed"), tag=STATE_TAG, client_state=client)
+        self.model.save_checkpoint(os.path.join(folder, DEEPSPEED_DIR), tag=DEEPSPEED_TAG, client_state=client)
+        if self.env.is_main:
+            write_deepspeed_meta(folder, self.stage, self.env.world_size)
 
     def load_state(self, folder):
-        path, _ = self.model.load_checkpoint(os.path.join(folder, "deepspeed"), tag=STATE_TAG,
-                                             load_module_strict=self.train.checkpoint_strict)
-        if path is None:
-            raise FileNotFoundError(f"{folder}/deepspeed: no DeepSpeed checkpoint to resume from")
+        saved = deepspeed_meta(folder)
+        if saved == dict(stage=self.stage, world_size=self.env.world_size):
+            path, _ = self.model.load_checkpoint(os.path.join(folder, DEEPSPEED_DIR), tag=DEEPSPEED_TAG,
+                                                 load_module_strict=self.train.checkpoint_strict)
+            if path is None:
+                raise FileNotFoundError(f"{folder}/deepspeed: no DeepSpeed checkpoint to resume from")
+            return
+        if saved is not None:
+            log.info("resume: %s was written under ZeRO-%d at %d ranks; reading DeepSpeed's universal form",
+                     folder, saved["stage"], saved["world_size"])
+            weights, optim = read_deepspeed(folder, self._names, self._groups)
+        else:
+            weights, optim = None, read_dcp(folder)
+        if weights is None:
+            weights = load_weights(self._weights_folder, members=isinstance(self.unwrap(), ModuleDict))
+        self._set_full_state(weights, optim)
+
+    def _set_full_state(self, weights, optim):
+        """Whole fp32 weights and optimizer state into the engine, each rank keeping its partition."""
+        import deepspeed
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+        module = self.unwrap()
+        missing = [k for k, _ in list(module.named_parameters()) + list(module.named_buffers()) if k not in weights]
+        if missing and self.train.checkpoint_strict:
+            raise KeyError(f"checkpoint weights lack {missing[0]} (and {len(missing) - 1} more)")
+        _materialize_state(self.optimizer, self.model.optimizer)
+        link = getattr(self.model.optimizer, "_lazy_init_hp_params_optimizer_state", None)
+        if link is not None:  # ZeRO-1/2, bf16: point each parameter's fragment at that state
+            link()
+        partitioned = False
+        for name, param in module.named_parameters():
+            if name not in weights:
+                continue
+            value = weights[name]
+            if hasattr(param, "ds_id"):  # ZeRO-3: write the whole low-precision copy, then re-partition
+                with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+                    if self.env.rank == 0:
+                        param.data.copy_(value.to(param.dtype))
+            else:
+                param.data.copy_(value.to(param.device, param.dtype))
+            if hasattr(param, "ds_id") or hasattr(param, "_hp_mapping"):
+                partitioned = True
+                safe_set_full_fp32_param(param, value.to(self.device))
+                for key, tensor in optim["state"].get(name, {}).items():
+                    if key != "step":
+                        safe_set_full_optimizer_state(param, tensor.to(self.device).float(), key)
+        for name, buf in module.named_buffers():
+            if name in weights:
+                buf.data.copy_(weights[name].to(buf.device, buf.dtype))
+        if not partitioned:  # ZeRO-0 in fp32: the engine steps our torch optimizer over the module itself
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+            set_optimizer_state_dict(module, self.optimizer, optim, options=StateDictOptions(full_state_dict=True))
+            return
+        for group, saved in zip(self.optimizer.param_groups, optim["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k != "params"})  # the lr the scheduler set
+        steps = [s["step"] for s in optim["state"].values() if "step" in s]
+        if steps:
+            for state in self.optimizer.state.values():
+                if "step" in state:
+                    old = state["step"]
+                    state["step"] = steps[0].to(old.device, old.dtype).clone() if torch.is_tensor(old) else \
+                        type(old)(steps[0].item())
+
+
+def _materialize_state(optimizer, engine_optimizer):
+    """The inner optimizer's state is created at its first step: take one with zero gradients and lr 0
+    over the flat partitions that have none yet, so that it can be overwritten."""
+    flat = getattr(engine_optimizer, "fp32_partitioned_groups_flat", None)
+    if flat is not None:  # ZeRO-3 hands its sub-groups to the optimizer one at a time
+        groups = {}
+        for i, partition in enumerate(flat):
+            groups.setdefault(engine_optimizer.sub_group_to_group_id[i], []).append(partition)
+    else:
+        groups = {i: list(g["params"]) for i, g in enumerate(optimizer.param_groups)}
+    fresh = {i: [p for p in params if not optimizer.state.get(p)] for i, params in groups.items()}
+    if not any(fresh.values()):
+        return
+    saved = [(g["params"], g["lr"]) for g in optimizer.param_groups]
+    for i, g in enumerate(optimizer.param_groups):
+        g["params"], g["lr"] = fresh.get(i, []), 0.0
+        for p in g["params"]:
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for g, (params, lr) in zip(optimizer.param_groups, saved):
+        for p in g["params"]:
+            p.grad = None
+        g["params"], g["lr"] = params, lr
 
 
 def _set_launcher_variables(env):
