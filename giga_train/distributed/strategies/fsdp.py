@@ -40,6 +40,10 @@ class FSDPStrategy(Strategy):
         self.fsdp = launch.fsdp_config or Config({k: v.default for k, v in FSDP.items()})
         self.version = self.fsdp.fsdp_version
 
+    @property
+    def shards_parameters_as_dtensors(self):
+        return self.version == 2
+
     def setup(self, model, make_optimizer):
         if self.version == 1 and self.device.type != "cuda":  # FSDP1 segfaults on gloo CPU (torch 2.13)
             raise ConfigError("launch.fsdp_config.fsdp_version: 1 needs CUDA GPUs; use fsdp_version=2 on CPU")
