@@ -1,9 +1,9 @@
 """mixed_precision="fp8": nn.Linear layers trained in float8 through torchao (`pip install giga-train[fp8]`).
 
 Everything else runs under bf16 autocast, as with "bf16". Left in high precision: the output head
-(by default every Linear whose out_features is the vocabulary of one of the model's Embeddings, or,
-without an Embedding, the last Linear; logits are the most quantisation-sensitive matmul and torchao's
-own recipes leave it out), the modules named in `train.fp8_config.exclude`, and every Linear whose
+(by default: outside the repeated blocks, every Linear whose out_features is the vocabulary of one of
+the model's Embeddings, or without one the last Linear; logits are the most quantisation-sensitive
+matmul and torchao's recipes leave the head out), the modules named in `train.fp8_config.exclude`, and every Linear whose
 in_features or out_features is not a multiple of 16 (the float8 GEMM's requirement).
 
     train=dict(mixed_precision="fp8", fp8_config=dict(recipe="tensorwise", exclude=["output"]))
@@ -42,12 +42,15 @@ def check_fp8_config(cfg):
 
 
 def head_names(model):
-    """The output head's module names: Linears whose out_features is an Embedding's vocabulary, else
-    the last Linear registered."""
-    linears = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
+    """The output head's module names. Among the Linears outside the repeated blocks (the children of
+    any nn.ModuleList): those whose out_features is an Embedding's vocabulary, else the last one."""
+    stacks = [name for name, m in model.named_modules() if isinstance(m, nn.ModuleList)]
+    linears = [name for name, m in model.named_modules()
+               if type(m) is nn.Linear and not any(name.startswith(s + ".") for s in stacks if s)]
+    modules = dict(model.named_modules())
     vocabs = {m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)}
-    heads = [name for name, m in linears if m.out_features in vocabs]
-    return heads or [name for name, _ in linears[-1:]]
+    heads = [name for name in linears if modules[name].out_features in vocabs]
+    return heads or linears[-1:]
 
 
 def _excluded(name, exclude):
