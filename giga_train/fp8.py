@@ -119,3 +119,14 @@ def precompute_scales_after_step(model, optimizer):
     if not sharded:
         return None
     return optimizer.register_step_post_hook(lambda *_: precompute_float8_dynamic_scale_for_fsdp(model))
+
+
+def plain_tensors(state):
+    """`state` with torchao's float8 all-gather weight wrappers replaced by the plain tensors they hold:
+    what a checkpoint stores (safetensors cannot write a tensor subclass)."""
+    import sys
+    fsdp_utils = sys.modules.get("torchao.float8.fsdp_utils")  # never loaded: nothing can be wrapped
+    if fsdp_utils is None:
+        return state
+    wrapper = fsdp_utils.WeightWithDynamicFloat8CastTensor
+    return {k: v._tensor if isinstance(v, wrapper) else v for k, v in state.items()}

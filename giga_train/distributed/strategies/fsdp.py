@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor
 
 from ...checkpoint.state import load_weights
 from ...config import Config, ConfigError
+from ...fp8 import plain_tensors
 from ...module_dict import ModuleDict
 from ...registry import STRATEGIES
 from ...schema import FSDP
@@ -94,11 +95,12 @@ class FSDPStrategy(Strategy):
     # -- state --------------------------------------------------------------------------------
     def full_state_dict(self, state):
         """Gathers every sharded (DTensor) tensor: a collective, all ranks call it."""
-        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu() for k, v in state.items()}
+        state = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu() for k, v in state.items()}
+        return plain_tensors(state)
 
     def model_state_dict(self):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(self.model, options=options)
+        return plain_tensors(get_model_state_dict(self.model, options=options))
 
     def load_model(self, folder, strict):
         state = load_weights(folder, members=isinstance(self.unwrap(), ModuleDict))
