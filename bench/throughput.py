@@ -270,8 +270,11 @@ def child_env(cold_compile, log_dir, index):
     return env
 
 
-def run_rows(specs, budget_s, row_timeout_s, cold_compile, out, meta):
-    log_dir = tempfile.mkdtemp(prefix="bench_throughput_logs_")
+def run_rows(specs, budget_s, row_timeout_s, cold_compile, out, meta, log_dir=None):
+    if log_dir:
+        os.makedirs(log_dir, exist_ok=True)
+    else:
+        log_dir = tempfile.mkdtemp(prefix="bench_throughput_logs_")
     meta["logs"] = log_dir
     deadline = time.monotonic() + budget_s if budget_s else None
     rows = []
@@ -425,6 +428,7 @@ def main(argv=None):
     parser.add_argument("--row-timeout", type=float, default=300)
     parser.add_argument("--cold-compile", action="store_true", help="a fresh inductor cache for each row")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "throughput.json"))
+    parser.add_argument("--logs", help="folder for each row's log (default: a temporary folder)")
     parser.add_argument("--row", help=argparse.SUPPRESS)       # internal: run one row (JSON) here
     parser.add_argument("--row-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -442,7 +446,7 @@ def main(argv=None):
                  for path in args.paths.split(",")]
         budget = args.budget
     meta = meta_info(args)
-    rows = run_rows(specs, budget, args.row_timeout, args.cold_compile, args.out, meta)
+    rows = run_rows(specs, budget, args.row_timeout, args.cold_compile, args.out, meta, args.logs)
     report(rows, meta, args.out)
     return 0
 
