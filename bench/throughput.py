@@ -75,7 +75,8 @@ def autocast_dtype(precision):
 
 def optimizer_config(name, device):
     if name == "adamw":
-        return dict(type="AdamW", lr=LR, weight_decay=WEIGHT_DECAY, **({"fused": True} if device.type == "cuda" else {}))
+        fused = {"fused": True} if device.type == "cuda" else {}
+        return dict(type="AdamW", lr=LR, weight_decay=WEIGHT_DECAY, **fused)
     if name == "came8bit":
         return dict(type="CAME8Bit", lr=LR, weight_decay=WEIGHT_DECAY)
     raise ValueError(f"unknown optimizer {name!r} (adamw, came8bit)")
@@ -373,7 +374,8 @@ def report(rows, meta, out):
             shares = ", ".join(f"{k} {100 * v:.0f}%" for k, v in p["share"].items())
             print(f"\nTop kernels, {row_name(r)} ({p['step_ms']:.1f} ms/step profiled{busy}; {shares}):")
             for k in p["top"]:
-                print(f"  {k['ms_per_step']:8.2f} ms {100 * k['share']:5.1f}%  x{k['calls_per_step']:<5.0f} {k['name']}")
+                print(f"  {k['ms_per_step']:8.2f} ms {100 * k['share']:5.1f}%"
+                      f"  x{k['calls_per_step']:<5.0f} {k['name']}")
         if r["status"] == "failed" and r.get("log_tail"):
             print(f"\n{row_name(r)} failed; the end of its log:\n{r['log_tail']}")
     found = targets(rows)

@@ -3,8 +3,9 @@
 Everything else runs under bf16 autocast, as with "bf16". Left in high precision: the output head
 (by default: outside the repeated blocks, every Linear whose out_features is the vocabulary of one of
 the model's Embeddings, or without one the last Linear; logits are the most quantisation-sensitive
-matmul and torchao's recipes leave the head out), the modules named in `train.fp8_config.exclude`, and every Linear whose
-in_features or out_features is not a multiple of 16 (the float8 GEMM's requirement).
+matmul and torchao's recipes leave the head out), the modules named in `train.fp8_config.exclude`,
+and every Linear whose in_features or out_features is not a multiple of 16 (the float8 GEMM's
+requirement).
 
     train=dict(mixed_precision="fp8", fp8_config=dict(recipe="tensorwise", exclude=["output"]))
 

@@ -34,7 +34,8 @@ def test_an_oom_is_a_row_not_a_crash():
 
 def test_a_crashed_or_hung_child_is_a_row(tmp_path):
     env = bench.child_env(False, str(tmp_path), 0)
-    crashed = bench.run_in_child(bench.row_spec("tiny", "hand", device="cpu", simulate="crash"), 120, str(tmp_path), env)
+    crash = bench.row_spec("tiny", "hand", device="cpu", simulate="crash")
+    crashed = bench.run_in_child(crash, 120, str(tmp_path), env)
     assert crashed["status"] == "failed" and "exit 3" in crashed["error"]
     # No child imports torch in half a second: this one is killed, with its process group.
     hung = bench.run_in_child(bench.row_spec("tiny", "giga", device="cpu"), 0.5, str(tmp_path), env)
