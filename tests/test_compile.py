@@ -8,6 +8,7 @@ from examples.char_lm.model import CharLM
 from giga_train import launch_from_config
 from giga_train.compile import block_classes, check_dynamo_config, compile_model
 from giga_train.config import ConfigError
+from tests.distributed import assert_same_weights, final_weights, job, reference
 from tests.tiny import MODEL, tiny_config
 
 
@@ -69,3 +70,12 @@ def test_the_trainer_compiles_checkpointed_blocks_and_trains_the_same(tmp_path):
         runs.append(trainer.losses)
     assert compiled(trainer.unwrapped_model) == ["blocks.0", "blocks.1"]
     assert runs[1] == pytest.approx(runs[0], rel=1e-5)
+
+
+def test_fsdp2_shards_compiled_blocks_and_lands_on_the_one_process_weights(tmp_path, tmp_path_factory):
+    """fully_shard on blocks compiled in place: FSDP2's all-gather and reduce-scatter hooks still run
+    around each compiled block (AOTAutograd traces forward and backward), at 2 ranks."""
+    launch = dict(fsdp_config=dict(fsdp_version=2, fsdp_transformer_layer_cls_to_wrap="Block"))
+    launch_from_config(job(tmp_path, "FSDP", ranks=2, launch=launch, dynamo_config=dict(backend="aot_eager")))
+    assert "compiled 2 blocks of class Block" in (tmp_path / "logs" / "train.log").read_text()
+    assert_same_weights(final_weights(tmp_path), reference(tmp_path_factory, {}))
