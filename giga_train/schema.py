@@ -1,7 +1,9 @@
 """The config schema (GigaTrain's names): defaults, and validation that answers in one line."""
 import numbers
 
+from .compile import check_dynamo_config
 from .config import Config, ConfigError
+from .fp8 import check_fp8_config
 from .registry import (DATASETS, OPTIMIZERS, SAMPLERS, SCHEDULERS, STRATEGIES, TRANSFORMS, TYPE_KEYS,
                        RegistryError, did_you_mean, import_object)
 
@@ -94,6 +96,7 @@ TRAIN = dict(
     activation_checkpointing=Key(False, bool),
     activation_class_names=Key([], (list, tuple), check=_list_of(str, "a class name")),
     dynamo_config=Key(None, dict),
+    fp8_config=Key(None, dict),
     checkpoint_interval=Key(None, int, min=1),
     checkpoint_total_limit=Key(None, int, min=1),
     checkpoint_keeps=Key([], (list, tuple), check=_list_of(int, "a step number")),
@@ -217,6 +220,10 @@ def _check_train(train):
         import torch
         if not torch.cuda.is_available():
             raise ConfigError("train.mixed_precision: 'fp8' needs a CUDA GPU (use 'bf16' on CPU)")
+    for key, check in (("dynamo_config", check_dynamo_config), ("fp8_config", check_fp8_config)):
+        problem = train[key] and check(train[key])
+        if problem:
+            raise ConfigError(f"train.{key}: {problem}")
     if train.activation_checkpointing and not train.activation_class_names:
         raise ConfigError("train.activation_class_names: name the module classes to checkpoint"
                           " (activation_checkpointing=True)")

@@ -8,11 +8,13 @@ import numpy as np
 import torch
 
 from ..checkpoint import CheckpointManager, is_complete, load_weights, read_meta, rng_state, set_rng_state
+from ..compile import compile_model
 from ..config import ConfigError, load_config
 from ..data import DataStream
 from ..distributed.activation_checkpointing import apply_activation_checkpointing
 from ..distributed.env import setup_environment
 from ..ema import EMA
+from ..fp8 import convert_to_float8, precompute_scales_after_step
 from ..logging import MetricLogger, text_logger
 from ..module_dict import ModuleDict
 from ..optimizers import build_optimizer
@@ -61,12 +63,15 @@ class Trainer:
 
         seed_everything(t.seed)  # every rank builds the same initial weights
         model = self.get_models(cfg.models)
+        if t.mixed_precision == "fp8":
+            convert_to_float8(model, t.fp8_config, fsdp2=self.strategy.shards_parameters_as_dtensors)
         if t.activation_checkpointing:
             apply_activation_checkpointing(model, t.activation_class_names)
-        if t.dynamo_config:
-            model.compile(**t.dynamo_config)
+        compile_model(model, t.dynamo_config, t.activation_class_names, cfg.launch.fsdp_config)
         self.model, self.optimizer = self.strategy.setup(
             model, lambda m: build_optimizer(cfg.optimizers, self.get_trainable_parameters(m)))
+        if t.mixed_precision == "fp8":
+            precompute_scales_after_step(self.unwrapped_model, self.optimizer)
         self.scheduler = SCHEDULERS.build(cfg.schedulers, self.optimizer)
         self.ema = EMA(self.unwrapped_model, t.ema_decay) if t.with_ema else None
 

@@ -19,6 +19,8 @@ OPTIMIZER_DCP, PRECISION_FILE = "optimizer_dcp", "precision.pt"
 
 @STRATEGIES.register(name="NO")
 class Strategy:
+    shards_parameters_as_dtensors = False  # FSDP2: parameters become DTensors (float8 all-gather applies)
+
     def __init__(self, env, launch, train, micro_batch_size=1):
         self.env, self.launch, self.train = env, launch, train
         self.micro_batch_size = micro_batch_size

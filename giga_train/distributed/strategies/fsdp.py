@@ -9,6 +9,7 @@ from torch.distributed.tensor import DTensor
 
 from ...checkpoint.state import load_weights
 from ...config import Config, ConfigError
+from ...fp8 import plain_tensors
 from ...module_dict import ModuleDict
 from ...registry import STRATEGIES
 from ...schema import FSDP
@@ -36,6 +37,10 @@ class FSDPStrategy(Strategy):
         init_process_group(env)  # also at world size 1: FSDP needs a group
         self.fsdp = launch.fsdp_config or Config({k: v.default for k, v in FSDP.items()})
         self.version = self.fsdp.fsdp_version
+
+    @property
+    def shards_parameters_as_dtensors(self):
+        return self.version == 2
 
     def setup(self, model, make_optimizer):
         if self.version == 1 and self.device.type != "cuda":  # FSDP1 segfaults on gloo CPU (torch 2.13)
@@ -87,11 +92,12 @@ class FSDPStrategy(Strategy):
     # -- state --------------------------------------------------------------------------------
     def full_state_dict(self, state):
         """Gathers every sharded (DTensor) tensor: a collective, all ranks call it."""
-        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu() for k, v in state.items()}
+        state = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu() for k, v in state.items()}
+        return plain_tensors(state)
 
     def model_state_dict(self):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(self.model, options=options)
+        return plain_tensors(get_model_state_dict(self.model, options=options))
 
     def load_model(self, folder, strict):
         state = load_weights(folder, members=isinstance(self.unwrap(), ModuleDict))
