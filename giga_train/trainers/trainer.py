@@ -103,6 +103,7 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------------
     def train(self):
         t = self.train_config
+        self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
         if self.step >= self.max_steps:
             log.info("already at step %d of %d: nothing to train", self.step, self.max_steps)
             return self._finish()
@@ -116,7 +117,6 @@ class Trainer:
         sums, counted = {}, 0  # named losses of the updated steps, summed on the device since the last log
         self.nan_guard = NanGuard(t.nan_policy, t.max_nan_steps, self.env.is_main)
         self.preemption = PreemptionSignals()
-        self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
         try:
             with self.preemption:
                 while self.step < self.max_steps:
@@ -193,7 +193,7 @@ class Trainer:
     def _finish(self):
         loss = getattr(self, "last_metrics", {}).get("loss")
         where = self.checkpoints.latest()
-        if getattr(self, "preempted", False):
+        if self.preempted:
             log.info("preempted (%s) at step %d of %d: saved %s; rerun with train.resume=True to continue",
                      self.preemption.signal_name or "a signal on another rank", self.step, self.max_steps, where)
         else:
