@@ -96,3 +96,20 @@ def test_two_ranks_one_sees_nan_both_skip_then_stop_is_one_line_exit_1(tmp_path)
     log = (tmp_path / "stop" / "logs" / "train.log").read_text()
     assert log.count("training CharLM from step") == 1, "a stop must not be retried by the agent"
     assert [s for s, _ in list_checkpoints(str(tmp_path / "stop" / "models"))] == [2]
+
+
+@pytest.mark.parametrize("stage", [2, 0])
+def test_deepspeed_skips_where_the_engine_can_else_stops(tmp_path, monkeypatch, stage):
+    """ZeRO-1/2/3 skip a non-finite gradient norm themselves (read back through was_step_applied);
+    ZeRO-0 in fp32 applies it, so the run stops before saving the NaN state."""
+    monkeypatch.setenv("GT_NAN", "3")
+    cfg = job(tmp_path, "DEEPSPEED", ranks=2, max_steps=4, checkpoint_interval=1,
+              launch=dict(deepspeed_config=dict(deepspeed_config_file=f"zero{stage}.json")))
+    cfg["runners"] = ["tests.tiny.NanTrainer"]
+    if stage == 0:
+        with pytest.raises(TrainingStopped, match="step 3: non-finite loss, and the engine had already applied"):
+            launch_from_config(cfg)
+        assert [s for s, _ in list_checkpoints(str(tmp_path / "models"))] == [1, 2]
+        return
+    assert launch_from_config(cfg)["step"] == 4
+    assert_equal(weights(tmp_path, 2), weights(tmp_path, 3))
