@@ -4,6 +4,7 @@ import sys
 
 from .config import ConfigError, load_config
 from .registry import RegistryError
+from .trainers.nan_guard import TrainingStopped
 
 
 def main(argv=None):
@@ -28,6 +29,9 @@ def main(argv=None):
     except (ConfigError, RegistryError) as e:
         print(f"giga-train: error: {e}", file=sys.stderr)
         return 2
+    except TrainingStopped as e:  # e.g. the NaN guard: one line, exit 1
+        print(f"giga-train: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("giga-train: interrupted", file=sys.stderr)
         return 130

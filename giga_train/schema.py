@@ -109,6 +109,8 @@ TRAIN = dict(
     log_interval=Key(10, int, min=1),
     seed=Key(42, int, min=0),
     progress_bar=Key(True, bool),
+    nan_policy=Key("skip", str, choices=("skip", "stop", "off")),  # a non-finite loss/grad norm: skip the update
+    max_nan_steps=Key(10, int, min=1),  # skipped steps in a row before the run stops
 )
 
 SECTIONS = dict(

@@ -14,7 +14,9 @@ def test_tensorboard_scalars_and_text_log(tmp_path, capsys):
     events = EventAccumulator(str(tmp_path / "logs"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert tags == {f"train/{n}" for n in ("loss", "lm", "aux", "lr", "grad_norm", "step_time", "samples_per_sec")}
+    assert tags == {f"train/{n}" for n in ("loss", "lm", "aux", "lr", "grad_norm", "step_time", "samples_per_sec",
+                                                      "nan_skipped")}
+    assert [e.value for e in events.Scalars("train/nan_skipped")] == [0, 0, 0]  # the NaN guard's count
     assert [e.step for e in events.Scalars("train/loss")] == [4, 8, 12]
     lm = [e.value for e in events.Scalars("train/lm")]
     assert abs(lm[-1] - sum(trainer.losses[-4:]) / 4) < 1e-5  # the mean over the interval

@@ -103,3 +103,47 @@ class KillingTrainer(TinyTrainer):
                 os.kill(os.getpid(), signal.SIGKILL)
             self.strategy.save_state = dying_save_state
         return super().save_checkpoint()
+
+
+class NanTrainer(TinyTrainer):
+    """The loss is NaN at chosen steps: GT_NAN="3,4" (1-based steps), GT_NAN_RANK="1" (only that rank)."""
+
+    def forward_step(self, batch_dict):
+        import os
+        loss = super().forward_step(batch_dict)
+        steps = {int(s) for s in os.environ.get("GT_NAN", "").split(",") if s}
+        rank = os.environ.get("GT_NAN_RANK")
+        if self.step + 1 in steps and (rank is None or int(rank) == self.rank):
+            loss = loss * float("nan")
+        return loss
+
+
+class BatchDroppingTrainer(TinyTrainer):
+    """Throws away the batches that NanTrainer's GT_NAN steps would see, then trains as usual: a run
+    that never saw those batches (what a NaN-skipping run must equal)."""
+
+    def train_step(self):
+        import os
+        drop = {int(s) for s in os.environ.get("GT_NAN", "").split(",") if s}
+        self.drawn = getattr(self, "drawn", self.step)
+        while self.drawn + 1 in drop:
+            for _ in range(self.accumulation):
+                next(self.data)
+            self.drawn += 1
+        self.drawn += 1
+        return super().train_step()
+
+
+class SignalTrainer(TinyTrainer):
+    """Rank 0 sends a signal in step N's forward and waits until it is delivered to itself, so the
+    stop step is N: GT_SIGNAL="SIGTERM:parent:N" (the launcher, which passes it on) or "SIGUSR1:self:N"."""
+
+    def forward_step(self, batch_dict):
+        import os
+        import signal
+        name, _, rest = os.environ.get("GT_SIGNAL", "::").partition(":")
+        target, _, at = rest.partition(":")
+        if name and self.rank == 0 and self.step + 1 == int(at) and not self.preemption.requested.is_set():
+            os.kill(os.getppid() if target == "parent" else os.getpid(), getattr(signal, name))
+            assert self.preemption.requested.wait(60), f"{name} never reached rank 0"
+        return super().forward_step(batch_dict)

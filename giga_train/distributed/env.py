@@ -11,6 +11,7 @@ class Environment:
     local_rank: int = 0
     world_size: int = 1
     device: torch.device = torch.device("cpu")
+    cpu_group: object = None  # a gloo group for host-side agreement when the default backend is NCCL
 
     @property
     def is_main(self):
@@ -19,6 +20,16 @@ class Environment:
     @property
     def distributed(self):
         return self.world_size > 1
+
+    def agree_any(self, flag):
+        """True on every rank when `flag` is true on any: one tiny all-reduce (MAX) of a CPU tensor over
+        gloo, so it never waits for the GPU; no collective at world size 1."""
+        import torch.distributed as dist
+        if self.world_size == 1 or not dist.is_initialized():
+            return bool(flag)
+        value = torch.tensor([int(bool(flag))], dtype=torch.int32)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.cpu_group)
+        return bool(value.item())
 
 
 def _env_int(*names, default=0):
@@ -61,6 +72,7 @@ def init_process_group(env, launch=None):
     """Join the job's process group (a one-rank group on a free port when this is the only process)."""
     import torch.distributed as dist
     if dist.is_initialized():
+        _add_cpu_group(env)  # a group someone else made (e.g. the user, with NCCL)
         return
     if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
         import socket
@@ -79,3 +91,11 @@ def init_process_group(env, launch=None):
                               is_master=not agent_store and env.rank == 0)
         extra["store"] = dist.PrefixStore(f"giga_train/attempt_{restart}", store)
     dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, **extra)
+    _add_cpu_group(env)
+
+
+def _add_cpu_group(env):
+    """Env.agree_any needs gloo: the default group when it is gloo, else one gloo group beside it."""
+    import torch.distributed as dist
+    if env.cpu_group is None and env.world_size > 1 and dist.get_backend() != "gloo":
+        env.cpu_group = dist.new_group(backend="gloo")  # a collective: every rank creates it here

@@ -11,6 +11,8 @@ import uuid
 
 from ..config import ConfigError, load_config
 from ..schema import validate_config, world_size_of
+from ..trainers.nan_guard import TrainingStopped
+from .preemption import ForwardSIGUSR1, write_pid
 
 log = logging.getLogger("giga_train")
 RESULT_DIR = "GIGA_TRAIN_RESULT_DIR"
@@ -41,10 +43,13 @@ def run_runners(cfg):
     for path in cfg.runners:
         trainer = import_object(path)(cfg)
         trainer.train()
+        if trainer.preempted:
+            break  # the job was asked to stop: the rerun resumes this runner
     return trainer
 
 
 def spawn(cfg, world_size):
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     launch = cfg.launch
     nproc = world_size // launch.num_machines
@@ -70,8 +75,16 @@ def spawn(cfg, world_size):
     os.environ.update(child_env)  # the ranks inherit these; this process gets its own back below
     try:
         # A command entrypoint (as torchrun does): each rank is a fresh interpreter, judged by exit code.
-        elastic_launch(config, sys.executable)("-m", "giga_train.distributed.worker", results)
+        with ForwardSIGUSR1(results):
+            elastic_launch(config, sys.executable)("-m", "giga_train.distributed.worker", results)
         return _read_result(results)
+    except SignalException as e:
+        # SIGTERM (or INT/HUP/QUIT): the agent passed it to the ranks, waited up to
+        # TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s) and raised. A preemption when they reported a checkpoint.
+        result = _read_result(results)
+        if result and result.get("preempted"):
+            return result
+        raise TrainingStopped(f"stopped by {e.sigval.name} before the ranks saved a checkpoint") from None
     finally:
         for key, value in saved.items():
             if value is None:
@@ -86,6 +99,10 @@ def _read_result(results):
     if os.path.exists(error):
         with open(error) as f:
             raise ConfigError(f.read().strip())
+    stopped = os.path.join(results, "stop_error.txt")
+    if os.path.exists(stopped):
+        with open(stopped) as f:
+            raise TrainingStopped(f.read().strip())
     path = os.path.join(results, "result.json")
     if os.path.exists(path):
         with open(path) as f:
@@ -98,16 +115,18 @@ def worker_main(results):
     import torch.distributed as dist
     with open(os.path.join(results, "config.pkl"), "rb") as f:
         cfg = pickle.load(f)
+    write_pid(results)
     try:
         trainer = run_runners(cfg)
         if trainer.is_main_process:
             summary = dict(step=trainer.step, metrics=getattr(trainer, "last_metrics", {}),
-                           checkpoint=trainer.checkpoints.latest())
+                           checkpoint=trainer.checkpoints.latest(), preempted=trainer.preempted)
             with open(os.path.join(results, "result.json"), "w") as f:
                 json.dump(summary, f)
-    except ConfigError as e:  # the same on every rank: report it once, do not restart
+    except (ConfigError, TrainingStopped) as e:  # the same on every rank: report it once, do not restart
+        name = "config_error.txt" if isinstance(e, ConfigError) else "stop_error.txt"
         if os.environ.get("RANK", "0") == "0":
-            with open(os.path.join(results, "config_error.txt"), "w") as f:
+            with open(os.path.join(results, name), "w") as f:
                 f.write(str(e))
     finally:
         logging.shutdown()

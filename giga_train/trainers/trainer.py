@@ -13,6 +13,7 @@ from ..config import ConfigError, load_config
 from ..data import DataStream
 from ..distributed.activation_checkpointing import apply_activation_checkpointing
 from ..distributed.env import setup_environment
+from ..distributed.preemption import PreemptionSignals
 from ..ema import EMA
 from ..fp8 import convert_to_float8, precompute_scales_after_step
 from ..logging import MetricLogger, text_logger
@@ -20,6 +21,7 @@ from ..module_dict import ModuleDict
 from ..optimizers import build_optimizer
 from ..registry import SCHEDULERS, STRATEGIES
 from ..schema import validate_config
+from .nan_guard import NanGuard
 
 log = logging.getLogger("giga_train")
 
@@ -106,6 +108,7 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------------
     def train(self):
         t = self.train_config
+        self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
         if self.step >= self.max_steps:
             log.info("already at step %d of %d: nothing to train", self.step, self.max_steps)
             return self._finish()
@@ -116,23 +119,33 @@ class Trainer:
                  type(self.unwrapped_model).__name__, self.step, self.max_steps, samples_per_step,
                  self.device, self.model_dir, self.log_dir)
         self.model.train()
-        sums = {}  # named losses summed on the device since the last log; read only at log steps
+        sums, counted = {}, 0  # named losses of the updated steps, summed on the device since the last log
+        self.nan_guard = NanGuard(t.nan_policy, t.max_nan_steps, self.env.is_main)
+        self.preemption = PreemptionSignals()
         try:
-            while self.step < self.max_steps:
-                losses, grad_norm = self.train_step()
-                self.step += 1
-                for name, value in losses.items():
-                    sums[name] = sums.get(name, 0) + value
-                metrics.advance(self.step)
-                if self.step % t.log_interval == 0 or self.step == self.max_steps:
-                    steps = self.step - metrics._last_step
-                    scalars = self._scalars(sums, steps, grad_norm)
-                    self.last_metrics = metrics.log_step(self.step, scalars)
-                    sums = {}
-                if t.checkpoint_interval and self.step % t.checkpoint_interval == 0:
+            with self.preemption:
+                while self.step < self.max_steps:
+                    losses, result = self.train_step()
+                    self.step += 1
+                    if result.nonfinite:  # skipped on every rank (or TrainingStopped, nothing saved)
+                        self.nan_guard.nonfinite(self.step, result, self.checkpoints.latest())
+                    else:
+                        self.nan_guard.finite()
+                        for name, value in losses.items():
+                            sums[name] = sums.get(name, 0) + value
+                        counted += 1
+                    metrics.advance(self.step)
+                    if self.step % t.log_interval == 0 or self.step == self.max_steps:
+                        scalars = self._scalars(sums, counted, result.grad_norm)
+                        self.last_metrics = metrics.log_step(self.step, scalars)
+                        sums, counted = {}, 0
+                    if t.checkpoint_interval and self.step % t.checkpoint_interval == 0:
+                        self.save_checkpoint()
+                    if self.preemption.agreed(self.env):  # the same step on every rank
+                        self.preempted = True
+                        break
+                if not self.checkpoints.latest() or read_meta(self.checkpoints.latest())["step"] != self.step:
                     self.save_checkpoint()
-            if not self.checkpoints.latest() or read_meta(self.checkpoints.latest())["step"] != self.step:
-                self.save_checkpoint()
         finally:
             metrics.close()
         return self._finish()
@@ -140,9 +153,10 @@ class Trainer:
     def train_step(self):
         """One optimizer step over `gradient_accumulation_steps` micro-batches.
 
-        Returns (named losses averaged over the micro-batches, as device tensors; the grad norm)."""
+        Returns (named losses averaged over the micro-batches, as device tensors; the StepResult).
+        A step the NaN guard skips leaves the optimizer, the scheduler and the EMA untouched."""
         t, strategy = self.train_config, self.strategy
-        totals = {}
+        totals, trained = {}, 0
         for micro in range(self.accumulation):
             batch = next(self.data)
             # The trainer owns the accumulation boundary: only the last micro-step syncs gradients.
@@ -152,34 +166,44 @@ class Trainer:
                 losses = output if isinstance(output, dict) else {"loss": output}
                 loss = sum(losses.values()) / self.accumulation
                 strategy.backward(loss)
+            trained = trained + loss.detach()
             for name, value in losses.items():
                 totals[name] = totals.get(name, 0) + value.detach().float() / self.accumulation
             if len(losses) > 1:
                 total_name = "total_loss" if "loss" in losses else "loss"
                 totals[total_name] = totals.get(total_name, 0) + loss.detach().float()
-        grad_norm = strategy.step(t.max_grad_norm, measure=(self.step + 1) % t.log_interval == 0)
+        result = strategy.step(t.max_grad_norm, measure=(self.step + 1) % t.log_interval == 0,
+                               loss=trained if t.nan_policy != "off" else None)
+        if result.skipped and result.nonfinite:
+            return totals, result
         self.scheduler.step()
         if self.ema is not None:
             self.ema.update()
-        return totals, grad_norm
+        return totals, result
 
-    def _scalars(self, sums, steps, grad_norm):
-        """Host values for logging: the one place the loop waits for the device."""
+    def _scalars(self, sums, counted, grad_norm):
+        """Host values for logging: the one place the loop waits for the device. `counted`: the steps
+        in `sums` (skipped steps are left out, so one NaN does not hide the loss of the others)."""
         names = sorted(sums)
-        stacked = torch.stack([sums[n] / steps for n in names] +
-                              ([grad_norm.float()] if grad_norm is not None else []))
-        values = self.strategy.reduce_mean(stacked).tolist()
+        values = [sums[n] / counted for n in names] + ([grad_norm.float()] if grad_norm is not None else [])
+        values = self.strategy.reduce_mean(torch.stack(values)).tolist() if values else []
         scalars = dict(zip(names, values))
         if grad_norm is not None:
             scalars["grad_norm"] = values[-1]
         scalars["lr"] = self.scheduler.get_last_lr()[0]
+        if self.nan_guard.enabled:
+            scalars["nan_skipped"] = self.nan_guard.take_window()
         return scalars
 
     def _finish(self):
         loss = getattr(self, "last_metrics", {}).get("loss")
         where = self.checkpoints.latest()
-        log.info("done at step %d%s; checkpoint: %s; TensorBoard: tensorboard --logdir %s", self.step,
-                 f", final loss {loss:.4f}" if loss is not None else "", where, self.log_dir)
+        if self.preempted:
+            log.info("preempted (%s) at step %d of %d: saved %s; rerun with train.resume=True to continue",
+                     self.preemption.signal_name or "a signal on another rank", self.step, self.max_steps, where)
+        else:
+            log.info("done at step %d%s; checkpoint: %s; TensorBoard: tensorboard --logdir %s", self.step,
+                     f", final loss {loss:.4f}" if loss is not None else "", where, self.log_dir)
         self.strategy.close()
         return self
 

@@ -5,6 +5,7 @@ one subclass in a file of its own. The trainer owns the accumulation boundary an
 whether gradients of this micro-step must be synchronised."""
 import contextlib
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -15,6 +16,13 @@ from ...precision import Precision
 from ...registry import STRATEGIES
 
 OPTIMIZER_DCP, PRECISION_FILE = "optimizer_dcp", "precision.pt"
+
+
+@dataclass
+class StepResult:
+    grad_norm: object = None  # the pre-clip gradient norm (a device tensor), or None when not computed
+    nonfinite: tuple = ()     # what was non-finite on some rank ("loss", "grad_norm"); () when all finite
+    skipped: bool = False     # the update was not applied (the guard's skip, or the engine's own)
 
 
 @STRATEGIES.register(name="NO")
@@ -50,23 +58,43 @@ class Strategy:
         scaler = self.precision.scaler
         (scaler.scale(loss) if scaler is not None else loss).backward()
 
-    def step(self, max_grad_norm=None, measure=False):
+    def step(self, max_grad_norm=None, measure=False, loss=None):
         """Unscale (fp16), clip to max_grad_norm, step the optimizer, zero the gradients.
 
-        Returns the pre-clip gradient norm as a device tensor when clipping or `measure`, else None."""
+        With `loss` (this rank's loss of the step) the step is guarded: when the loss or the gradient norm
+        is non-finite on any rank, the update is skipped on all (gradients zeroed, optimizer untouched).
+        Under fp16 only the loss counts: an inf gradient is the loss scaler's own, normal skip.
+        The pre-clip gradient norm (a device tensor) comes back when clipping, `measure` or guarding."""
         scaler = self.precision.scaler
+        guard = loss is not None
         norm = None
-        if max_grad_norm is not None or measure:
+        if max_grad_norm is not None or measure or (guard and scaler is None):
             if scaler is not None:
                 scaler.unscale_(self.optimizer)
             norm = self.clip_grad_norm(max_grad_norm)
+        if guard:
+            nonfinite = self.nonfinite(loss=loss, grad_norm=norm if scaler is None else None)
+            if nonfinite:
+                self.optimizer.zero_grad(set_to_none=True)
+                if scaler is not None and norm is not None:
+                    scaler.update()  # unscale_ ran: update() closes this step for the scaler
+                return StepResult(norm, nonfinite, skipped=True)
         if scaler is not None:
             scaler.step(self.optimizer)
             scaler.update()
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return norm
+        return StepResult(norm)
+
+    def nonfinite(self, **values):
+        """Names of the given device tensors that are non-finite on any rank: one all-reduce (MAX) of
+        their flags and one host read (the guard's cost)."""
+        names = [name for name, value in values.items() if value is not None]
+        flags = torch.stack([(~torch.isfinite(values[n].detach().float())).any().float() for n in names])
+        if dist.is_initialized() and self.env.world_size > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return tuple(name for name, bad in zip(names, flags.tolist()) if bad)
 
     def clip_grad_norm(self, max_norm):
         """The total gradient norm before clipping; clips to max_norm unless it is None."""

@@ -18,7 +18,7 @@ from ..deepspeed_config import resolve_deepspeed_config
 from ..env import init_process_group
 from ..portable import (DEEPSPEED_DIR, DEEPSPEED_TAG, deepspeed_meta, read_dcp, read_deepspeed, trainable_names,
                         write_deepspeed_meta)
-from .base import Strategy
+from .base import StepResult, Strategy
 
 log = logging.getLogger("giga_train")
 
@@ -70,13 +70,24 @@ class DeepSpeedStrategy(Strategy):
         if self._accumulating:
             self.model.step()  # not a boundary: the engine only counts the micro-step
 
-    def step(self, max_grad_norm=None, measure=False):
+    def step(self, max_grad_norm=None, measure=False, loss=None):
+        """The engine's step. Guarded (`loss` given): the engine itself skips an update whose gradient
+        norm is non-finite (ZeRO-1/2/3, and bf16 with check_grad_overflow, its default), which we read
+        back with was_step_applied(); it cannot be told to skip for a non-finite loss with finite
+        gradients, nor at ZeRO-0 in fp32: then the result says not skipped and the trainer stops."""
+        bad_loss = self.nonfinite(loss=loss) if loss is not None else ()
         self.model.step()
         norm = self.model.get_global_grad_norm()
-        if norm is None:
-            return None
-        norm = norm.detach().float() if torch.is_tensor(norm) else torch.tensor(float(norm))
-        return norm.to(self.device)
+        if norm is not None:
+            norm = (norm.detach().float() if torch.is_tensor(norm) else torch.tensor(float(norm))).to(self.device)
+        if loss is None:
+            return StepResult(norm)
+        skipped = not self.model.was_step_applied()
+        # fp16: a skipped step is the loss scaler's normal overflow skip, not a NaN step.
+        bad_grad = ("grad_norm",) if skipped and self.train.mixed_precision != "fp16" else ()
+        if not skipped and norm is not None and not bool(torch.isfinite(norm)):  # global: the same on all ranks
+            bad_grad = ("grad_norm",)
+        return StepResult(norm, bad_loss + bad_grad, skipped=skipped)
 
     def close(self):
         for key in getattr(self, "_added_env", []):
