@@ -82,6 +82,7 @@ class Trainer:
         self.max_steps = t.max_steps or max(t.max_epochs * len(self.data) // self.accumulation, 1)
         self.checkpoints = CheckpointManager(self.model_dir, t.checkpoint_total_limit, t.checkpoint_keeps)
         self.step = 0
+        self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
         seed_everything(t.seed + self.env.rank)  # ranks differ from here on (dropout, noise)
         self._resume(t.resume)
 
@@ -108,7 +109,6 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------------
     def train(self):
         t = self.train_config
-        self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
         if self.step >= self.max_steps:
             log.info("already at step %d of %d: nothing to train", self.step, self.max_steps)
             return self._finish()
