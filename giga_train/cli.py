@@ -1,4 +1,4 @@
-"""giga-train train CONFIG [--set key=value ...] | giga-train check CONFIG [--set ...]"""
+"""giga-train train CONFIG [--set key=value ...] | check CONFIG [--set ...] | convert CHECKPOINT --to full|dcp"""
 import argparse
 import sys
 
@@ -16,8 +16,17 @@ def main(argv=None):
         sub.add_argument("config", help="a .py/.yaml/.json file, or a dotted module path")
         sub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                          help="override a config value (a Python literal, else a string); repeatable")
+    sub = commands.add_parser("convert", help="write a checkpoint's model and optimizer state as plain files")
+    sub.add_argument("checkpoint", help="a checkpoint folder (models/checkpoint_epoch_E_step_S)")
+    sub.add_argument("--to", required=True, choices=("full", "dcp"),
+                     help="full: model.safetensors + optimizer.pt; dcp: one torch.distributed.checkpoint folder")
+    sub.add_argument("--out", help="the folder to create (default: CHECKPOINT_full or CHECKPOINT_dcp)")
     args = parser.parse_args(argv)
     try:
+        if args.command == "convert":
+            from .checkpoint.convert import convert
+            print(convert(args.checkpoint, args.to, args.out))
+            return 0
         if args.command == "check":
             from .schema import validate_config
             cfg = load_config(args.config, args.overrides)
@@ -26,7 +35,7 @@ def main(argv=None):
             return 0
         from .distributed import launch_from_config
         launch_from_config(args.config, args.overrides)
-    except (ConfigError, RegistryError) as e:
+    except (ConfigError, RegistryError, ValueError) as e:
         print(f"giga-train: error: {e}", file=sys.stderr)
         return 2
     except TrainingStopped as e:  # e.g. the NaN guard: one line, exit 1

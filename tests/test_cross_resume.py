@@ -109,3 +109,27 @@ def test_came8bit_trains_on_after_a_cross_resume(tmp_path, tmp_path_factory):
     reference = final_weights(_run(tmp_path_factory, "NO", 1, CAME))
     src = _run(tmp_path_factory, "FSDP2", 2, CAME, max_steps=2)
     assert_same_weights(_resume(tmp_path, src, "NO", 1, optimizer=CAME), reference, rtol=1e-2, atol=1e-5)
+
+
+@pytest.mark.parametrize("source", [("FSDP2", 2), ("ZeRO-2", 2), ("ZeRO-0", 2)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_convert_to_full_and_dcp(tmp_path, tmp_path_factory, source):
+    from examples.char_lm.model import CharLM
+    from giga_train.cli import main
+    from tests.tiny import MODEL
+    src = _run(tmp_path_factory, *source, max_steps=2)
+    path = list_checkpoints(os.path.join(src, "models"))[-1][1]
+    assert main(["convert", path, "--to", "full", "--out", str(tmp_path / "full")]) == 0
+    model = CharLM(**dict(MODEL, dropout=0.0))
+    from safetensors.torch import load_file
+    model.load_state_dict(load_file(tmp_path / "full" / "model.safetensors"))  # strict: every key, right shapes
+    reference = final_weights(_run(tmp_path_factory, "NO", 1, max_steps=2))
+    assert_same_weights(model.state_dict(), reference)
+    optimizer = torch.load(tmp_path / "full" / "optimizer.pt", weights_only=True)
+    names = {n for n, p in model.named_parameters()}
+    assert set(optimizer["state"]) == names and optimizer["param_groups"][0]["lr"] > 0
+    assert main(["convert", path, "--to", "dcp", "--out", str(tmp_path / "dcp")]) == 0
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+    back = _load_state_dict_from_keys(checkpoint_id=str(tmp_path / "dcp"))
+    assert torch.equal(back["optimizer"]["state"]["embed.weight"]["exp_avg"],
+                       optimizer["state"]["embed.weight"]["exp_avg"])
+    assert main(["convert", path, "--to", "full", "--out", str(tmp_path / "full")]) == 2  # never overwrites

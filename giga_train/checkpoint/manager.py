@@ -3,6 +3,7 @@
 `{project_dir}/models/checkpoint_epoch_{E}_step_{S}/` appears only complete: it is written under a
 hidden temporary name and renamed at the end. Deletions rename first too, so a half-deleted folder
 never looks like a checkpoint."""
+import errno
 import json
 import os
 import re
@@ -97,6 +98,36 @@ class CheckpointManager:
         for name in os.listdir(self.models_dir):
             if name.startswith((TMP_PREFIX, TRASH_PREFIX)):
                 shutil.rmtree(os.path.join(self.models_dir, name), ignore_errors=True)
+
+
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+OS_ERROR_IN_TEXT = re.compile(r"os error (\d+)")
+
+
+def disk_error(exc):
+    """The OSError saying the disk (or quota, or file-size limit) is full, found in `exc`, its causes,
+    or the per-rank failures of a torch.distributed.checkpoint error; None when it is something else."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
+            return e
+        code = OS_ERROR_IN_TEXT.search(str(e))  # safetensors' Rust I/O errors carry only the text
+        if code and int(code.group(1)) in DISK_ERRNOS:
+            return OSError(int(code.group(1)), os.strerror(int(code.group(1))))
+        todo += [e.__cause__, e.__context__]
+        todo += [f for f in getattr(e, "failures", {}).values() if isinstance(f, BaseException)]
+        todo += [a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]
+    return None
+
+
+def free_bytes(path):
+    while not os.path.exists(path):
+        path = os.path.dirname(path) or "."
+    return shutil.disk_usage(path).free
 
 
 def _fsync_tree(root):

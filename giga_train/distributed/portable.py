@@ -56,6 +56,19 @@ def read_deepspeed(folder, names, param_groups):
         shutil.rmtree(work, ignore_errors=True)
 
 
+def deepspeed_parameters(folder):
+    """(names with shapes in the optimizer's order, one {"params": [...]} per group) from DeepSpeed's own
+    files, for reading its state without the model (giga-train convert)."""
+    saved = torch.load(os.path.join(folder, DEEPSPEED_DIR, DEEPSPEED_TAG, "mp_rank_00_model_states.pt"),
+                       map_location="cpu", weights_only=False)
+    groups = saved.get("param_shapes")
+    if not groups:  # ZeRO-0 in fp32: the module's own order, without buffers and tied duplicates
+        skip = set(saved.get("buffer_names") or ()) | set(saved.get("shared_params") or ())
+        groups = [{k: v.shape for k, v in saved["module"].items() if k not in skip}]
+    names = [(k, tuple(shape)) for group in groups for k, shape in group.items()]
+    return names, [dict(params=list(group)) for group in groups]
+
+
 def _groups_by_name(ours, saved, names):
     """Our groups with the saved hyperparameters (the lr the scheduler last set), params as names."""
     order = iter(names)

@@ -2,12 +2,13 @@
 import logging
 import os
 import random
+import shutil
 import time
 
 import numpy as np
 import torch
 
-from ..checkpoint import CheckpointManager, is_complete, load_weights, read_meta, rng_state, set_rng_state
+from ..checkpoint import CheckpointManager, disk_error, free_bytes, is_complete, load_weights, read_meta, rng_state, set_rng_state
 from ..compile import compile_model
 from ..config import ConfigError, load_config
 from ..data import DataStream
@@ -21,7 +22,7 @@ from ..module_dict import ModuleDict
 from ..optimizers import build_optimizer
 from ..registry import SCHEDULERS, STRATEGIES
 from ..schema import validate_config
-from .nan_guard import NanGuard
+from .nan_guard import NanGuard, TrainingStopped
 
 log = logging.getLogger("giga_train")
 
@@ -209,6 +210,23 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self):
+        """Write checkpoint (epoch, step); a full disk stops the run with one line, keeping every
+        complete checkpoint and removing what this one had written."""
+        try:
+            self._write_checkpoint()
+        except Exception as e:
+            disk = disk_error(e)
+            if disk is None:
+                raise
+            tmp = self.checkpoints.tmp_path(self.epoch, self.step)
+            if self.env.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise TrainingStopped(
+                f"checkpoint at step {self.step}: {os.strerror(disk.errno)} writing {disk.filename or tmp}"
+                f" ({free_bytes(self.model_dir) / 2**30:.2f} GiB free there); nothing of it was kept, the"
+                f" newest complete checkpoint is {self.checkpoints.latest() or 'none yet'}") from None
+
+    def _write_checkpoint(self):
         t, strategy = self.train_config, self.strategy
         start = time.perf_counter()
         tmp = self.checkpoints.begin(self.epoch, self.step) if self.env.is_main else None

@@ -1,0 +1,48 @@
+"""`giga-train convert CHECKPOINT --to full|dcp [--out DIR]`: a checkpoint's model and optimizer state
+as plain files, whichever strategy and world size wrote it.
+
+- full: `model.safetensors` (the whole model; ModuleDict members as `member.` prefixes, so that
+  get_models(...).load_state_dict reads it) and `optimizer.pt` (the optimizer state keyed by
+  parameter name: torch.distributed.checkpoint.state_dict's full form);
+- dcp: one torch.distributed.checkpoint folder holding {"model", "optimizer"} in that form.
+Weights are the fp32 ones (DeepSpeed's master weights where DeepSpeed wrote the checkpoint).
+Every strategy resumes from the checkpoint folder itself; this is for users who want the files."""
+import os
+
+import torch
+
+from .manager import is_complete
+from .state import load_weights, save_weights
+
+
+def convert(checkpoint, to, out=None):
+    if not is_complete(checkpoint):
+        raise ValueError(f"{checkpoint}: not a complete checkpoint folder (no meta.json)")
+    if to not in ("full", "dcp"):
+        raise ValueError(f"--to: '{to}' is not one of full, dcp")
+    out = out or os.path.normpath(checkpoint) + f"_{to}"
+    if os.path.exists(out):
+        raise ValueError(f"--out: {out} exists; give another folder (nothing is overwritten)")
+    weights, optimizer = read_state(checkpoint)
+    tmp = out + ".tmp"
+    os.makedirs(tmp)
+    if to == "full":
+        save_weights(tmp, weights)  # one model.safetensors, ModuleDict members as prefixes
+        torch.save(optimizer, os.path.join(tmp, "optimizer.pt"))
+    else:
+        import torch.distributed.checkpoint as dcp
+        dcp.save({"model": weights, "optimizer": optimizer}, checkpoint_id=tmp, no_dist=True)
+    os.rename(tmp, out)
+    return out
+
+
+def read_state(checkpoint):
+    """(whole fp32 weights, full optimizer state dict keyed by parameter name) of a checkpoint."""
+    from ..distributed.portable import deepspeed_meta, deepspeed_parameters, read_dcp, read_deepspeed
+    files = os.listdir(os.path.join(checkpoint, "model"))
+    weights = load_weights(os.path.join(checkpoint, "model"), members=not any(f.startswith("model.") for f in files))
+    if deepspeed_meta(checkpoint) is None:
+        return weights, read_dcp(checkpoint)
+    fp32, optimizer = read_deepspeed(checkpoint, *deepspeed_parameters(checkpoint))
+    weights.update(fp32 or {})
+    return weights, optimizer
