@@ -13,7 +13,7 @@ FSDP = {2: dict(fsdp_config=dict(fsdp_version=2, fsdp_transformer_layer_cls_to_w
 VARIANT = dict(gradient_accumulation_steps=2, activation_checkpointing=True, activation_class_names=["Block"])
 
 
-@pytest.mark.parametrize("version", [2])
+@pytest.mark.parametrize("version", [2, 1])
 @pytest.mark.parametrize("train", [{}, VARIANT], ids=["plain", "accum2_ckpt"])
 def test_fsdp_equals_one_process(tmp_path, tmp_path_factory, version, train):
     result = launch_from_config(job(tmp_path, "FSDP", ranks=2, launch=FSDP[version], **train))
@@ -22,7 +22,7 @@ def test_fsdp_equals_one_process(tmp_path, tmp_path_factory, version, train):
     assert os.path.isdir(os.path.join(result["checkpoint"], "optimizer_dcp"))
 
 
-@pytest.mark.parametrize("version", [2])
+@pytest.mark.parametrize("version", [2, 1])
 def test_fsdp_resume_is_exact(tmp_path, tmp_path_factory, version):
     cfg = job(tmp_path, "FSDP", ranks=2, launch=FSDP[version], resume=True, max_steps=2)
     launch_from_config(cfg)
@@ -37,8 +37,3 @@ def test_unknown_wrap_class_is_named(tmp_path):
     launch = dict(fsdp_config=dict(fsdp_transformer_layer_cls_to_wrap="Blok"))
     with pytest.raises(Exception, match="no module of class 'Blok' in the model .classes present: Block"):
         launch_from_config(job(tmp_path, "FSDP", ranks=2, launch=launch))
-
-
-def test_fsdp1_on_cpu_is_refused_in_one_line(tmp_path):
-    with pytest.raises(Exception, match="fsdp_version: 1 needs CUDA GPUs; use fsdp_version=2 on CPU"):
-        launch_from_config(job(tmp_path, "FSDP", ranks=2, launch=FSDP[1]))

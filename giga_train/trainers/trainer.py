@@ -8,7 +8,8 @@ import time
 import numpy as np
 import torch
 
-from ..checkpoint import CheckpointManager, disk_error, free_bytes, is_complete, load_weights, read_meta, rng_state, set_rng_state
+from ..checkpoint import (CheckpointManager, disk_error, free_bytes, is_complete, load_weights, read_meta, rng_state,
+                          set_rng_state)
 from ..compile import compile_model
 from ..config import ConfigError, load_config
 from ..data import DataStream

@@ -28,6 +28,7 @@ class StepResult:
 @STRATEGIES.register(name="NO")
 class Strategy:
     shards_parameters_as_dtensors = False  # FSDP2: parameters become DTensors (float8 all-gather applies)
+    optimizer_options = None  # StateDictOptions of the optimizer state in checkpoints (None: torch's default)
 
     def __init__(self, env, launch, train, micro_batch_size=1):
         self.env, self.launch, self.train = env, launch, train
@@ -132,7 +133,7 @@ class Strategy:
         the loss-scaler state beside it."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-        dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
+        dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=self.optimizer_options)},
                  checkpoint_id=os.path.join(folder, OPTIMIZER_DCP))
         if self.env.is_main:
             torch.save({"precision": self.precision.state_dict()}, os.path.join(folder, PRECISION_FILE))
@@ -150,9 +151,9 @@ class Strategy:
                 set_model_state_dict(self.model, weights, options=_full_options(strict=False))
             set_optimizer_state_dict(self.model, self.optimizer, optim, options=_full_options())
         else:
-            state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}  # the shapes to fill
+            state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=self.optimizer_options)}
             dcp.load(state, checkpoint_id=source)
-            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=self.optimizer_options)
         precision = os.path.join(folder, PRECISION_FILE)
         if os.path.isfile(precision):
             self.precision.load_state_dict(torch.load(precision, map_location="cpu", weights_only=True)["precision"])

@@ -37,14 +37,14 @@ class FSDPStrategy(Strategy):
         init_process_group(env)  # also at world size 1: FSDP needs a group
         self.fsdp = launch.fsdp_config or Config({k: v.default for k, v in FSDP.items()})
         self.version = self.fsdp.fsdp_version
+        if self.version == 1:  # FSDP1's sharded optimizer state does not reload through DCP (torch 2.13)
+            self.optimizer_options = StateDictOptions(full_state_dict=True, cpu_offload=env.device.type == "cuda")
 
     @property
     def shards_parameters_as_dtensors(self):
         return self.version == 2
 
     def setup(self, model, make_optimizer):
-        if self.version == 1 and self.device.type != "cuda":  # FSDP1 segfaults on gloo CPU (torch 2.13)
-            raise ConfigError("launch.fsdp_config.fsdp_version: 1 needs CUDA GPUs; use fsdp_version=2 on CPU")
         if self.version == 1 and self.train.with_ema:
             raise ConfigError("train.with_ema: not available with fsdp_version=1 (use fsdp_version=2)")
         names = wrap_class_names(self.fsdp, model)
@@ -96,7 +96,8 @@ class FSDPStrategy(Strategy):
         return plain_tensors(state)
 
     def model_state_dict(self):
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        # cpu_offload on a CPU run makes FSDP1 clone freed unsharded storage (a segfault, torch 2.13)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=self.device.type == "cuda")
         return plain_tensors(get_model_state_dict(self.model, options=options))
 
     def load_model(self, folder, strict):
