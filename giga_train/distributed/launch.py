@@ -60,12 +60,14 @@ def spawn(cfg, world_size):
     if launch.gpu_ids:
         child_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in launch.gpu_ids)
     if launch.num_machines == 1:
-        rdzv = dict(rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launch.main_process_port or 0}")
-    else:
-        rdzv = dict(rdzv_backend="static", rdzv_configs={"rank": machine_rank},
-                    rdzv_endpoint=f"{launch.main_process_ip}:{launch.main_process_port or 29500}")
+        rdzv = dict(rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launch.main_process_port or 0}",
+                    run_id=str(uuid.uuid4()))
+    else:  # the machines' agents meet under one run id: the rendezvous store's keys are prefixed by it
+        endpoint = f"{launch.main_process_ip}:{launch.main_process_port or 29500}"
+        rdzv = dict(rdzv_backend="static", rdzv_configs={"rank": machine_rank}, rdzv_endpoint=endpoint,
+                    run_id=os.environ.get("SLURM_JOB_ID", f"giga_train_{endpoint}"))
     config = LaunchConfig(min_nodes=launch.num_machines, max_nodes=launch.num_machines, nproc_per_node=nproc,
-                          run_id=str(uuid.uuid4()), max_restarts=launch.max_restarts, monitor_interval=0.1,
+                          max_restarts=launch.max_restarts, monitor_interval=0.1,
                           start_method="spawn", **rdzv)
     log.info("launching %d ranks (%d on this machine, rank %d of %d machines)", world_size, nproc, machine_rank,
              launch.num_machines)
