@@ -15,9 +15,10 @@ from tests.distributed import job
 MAX = 8
 
 
-def config(project, ranks):
+def config(project, ranks, num_workers=0):
     cfg = job(project, "DDP" if ranks > 1 else "NO", ranks=ranks, max_steps=MAX, checkpoint_interval=3, resume=True)
     cfg["runners"] = ["tests.tiny.SignalTrainer"]
+    cfg["dataloaders"]["train"]["num_workers"] = num_workers
     return cfg
 
 
@@ -40,12 +41,12 @@ def uninterrupted(tmp_path_factory):
     return get
 
 
-def preempt_then_resume(tmp_path, ranks, signal_spec, at):
-    cfg = config(tmp_path, ranks)
+def preempt_then_resume(tmp_path, ranks, signal_spec, at, num_workers=0):
+    cfg = config(tmp_path, ranks, num_workers)
     path = tmp_path / "cfg.py"
     path.write_text(f"config = {cfg!r}\n")
     run = subprocess.run([sys.executable, "-m", "giga_train", "train", str(path)], capture_output=True, text=True,
-                         env={**os.environ, "GT_SIGNAL": f"{signal_spec}:{at}"})
+                         start_new_session=True, env={**os.environ, "GT_SIGNAL": f"{signal_spec}:{at}"})
     assert run.returncode == 0, run.stderr[-3000:]
     checkpoints = list_checkpoints(str(tmp_path / "models"))
     assert [s for s, _ in checkpoints] == [3, at]  # the agreed step, saved once
@@ -70,5 +71,12 @@ def test_two_ranks_preempted_through_the_launcher(tmp_path, uninterrupted, signa
 def test_one_process_preempted(tmp_path, uninterrupted):
     trainer = preempt_then_resume(tmp_path, 1, "SIGTERM:self", at=4)
     assert len(trainer.losses) == MAX - 4
+    got, expected = final_weights(tmp_path), uninterrupted(1)
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_signal_to_the_whole_job_spares_the_data_workers(tmp_path, uninterrupted):
+    """SLURM signals every process of the job: DataLoader workers must not die of it mid-epoch."""
+    trainer = preempt_then_resume(tmp_path, 1, "SIGTERM:group", at=4, num_workers=2)
     got, expected = final_weights(tmp_path), uninterrupted(1)
     assert all(torch.equal(got[k], expected[k]) for k in expected)

@@ -136,7 +136,8 @@ class BatchDroppingTrainer(TinyTrainer):
 
 class SignalTrainer(TinyTrainer):
     """Rank 0 sends a signal in step N's forward and waits until it is delivered to itself, so the
-    stop step is N: GT_SIGNAL="SIGTERM:parent:N" (the launcher, which passes it on) or "SIGUSR1:self:N"."""
+    stop step is N: GT_SIGNAL="SIGTERM:parent:N" (the launcher, which passes it on), "SIGUSR1:self:N" or
+    "SIGTERM:group:N" (every process of the job, DataLoader workers included, as SLURM's scancel does)."""
 
     def forward_step(self, batch_dict):
         import os
@@ -144,6 +145,9 @@ class SignalTrainer(TinyTrainer):
         name, _, rest = os.environ.get("GT_SIGNAL", "::").partition(":")
         target, _, at = rest.partition(":")
         if name and self.rank == 0 and self.step + 1 == int(at) and not self.preemption.requested.is_set():
-            os.kill(os.getppid() if target == "parent" else os.getpid(), getattr(signal, name))
+            if target == "group":
+                os.killpg(os.getpgid(0), getattr(signal, name))
+            else:
+                os.kill(os.getppid() if target == "parent" else os.getpid(), getattr(signal, name))
             assert self.preemption.requested.wait(60), f"{name} never reached rank 0"
         return super().forward_step(batch_dict)
