@@ -45,11 +45,12 @@ LR, WEIGHT_DECAY, SEED = 1e-4, 0.01, 0
 
 
 def row_spec(size, path, device="cuda", compile=False, precision="bf16", optimizer="adamw", steps=30, warmup=5,
-             profile_steps=0, expect_oom=False, budget_s=None, simulate=None):
-    """One configuration of the bench (JSON-able: it is handed to a child process)."""
+             profile_steps=0, expect_oom=False, budget_s=None, simulate=None, log_interval=None):
+    """One configuration of the bench (JSON-able: it is handed to a child process). `log_interval`: the
+    giga path's (default: one log line, after the timed steps)."""
     return dict(size=size, path=path, device=device, compile=compile, precision=precision, optimizer=optimizer,
                 steps=steps, warmup=warmup, profile_steps=profile_steps, expect_oom=expect_oom,
-                budget_s=budget_s, simulate=simulate)
+                budget_s=budget_s, simulate=simulate, log_interval=log_interval)
 
 
 def h200_suite():
@@ -123,8 +124,8 @@ class ThroughputTrainer(Trainer):
 
 def giga_config(spec, shape, device, project_dir):
     probe_steps = spec["steps"] + spec["profile_steps"]
-    train = dict(max_steps=probe_steps, log_interval=probe_steps, progress_bar=False, log_with="none",
-                 mixed_precision=spec["precision"], seed=SEED, resume=False)
+    train = dict(max_steps=probe_steps, log_interval=spec.get("log_interval") or probe_steps, progress_bar=False,
+                 log_with="none", mixed_precision=spec["precision"], seed=SEED, resume=False)
     if shape.checkpointing:
         train.update(activation_checkpointing=True, activation_class_names=["Block"])
     if spec["compile"]:

@@ -11,9 +11,15 @@ class EMA:
         self.shadow = [p.detach().float().clone() for p in self.params]
 
     @torch.no_grad()
-    def update(self):
+    def update(self, skip=None):
+        """`skip`: None, or a 0-dim device tensor that is 1.0 when this step was skipped on the device;
+        the update then has weight 0 (a no-op) without the host reading the flag."""
         current = [p.detach().float() if p.dtype != torch.float32 else p.detach() for p in self.params]
-        torch._foreach_lerp_(self.shadow, current, 1.0 - self.decay)
+        if skip is None:
+            torch._foreach_lerp_(self.shadow, current, 1.0 - self.decay)
+        else:
+            weight = torch.where(skip > 0, 0.0, 1.0 - self.decay).to(torch.float32)
+            torch._foreach_lerp_(self.shadow, current, [weight] * len(self.shadow))
 
     def state_dict(self, module):
         """The module's full state with the averaged weights in place of the trained ones."""

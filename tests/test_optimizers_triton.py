@@ -111,10 +111,46 @@ def _adam_checks(torch):
     return out
 
 
+def _adam_skip_checks(torch):
+    """FusedAdam's kernel with `found_inf`: 1.0 leaves weights, moments, master weights and step counts
+    bit-identical; 0.0 is the step without it; the run matches torch's AdamW skipping on the host."""
+    from giga_train.optimizers import FusedAdam
+    out = {}
+    for dtype, master in ((torch.float32, False), (torch.bfloat16, True)):
+        gen = torch.Generator().manual_seed(0)
+        shapes = [(40, 96), (96,), (5000,)]
+        ref = [torch.nn.Parameter(torch.randn(s, generator=gen).to(dtype).float()) for s in shapes]
+        ours = [torch.nn.Parameter(p.detach().clone().to(dtype)) for p in ref]
+        o_ref = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1)
+        o_ours = FusedAdam(ours, lr=1e-2, weight_decay=0.1, master_weights=master)
+        o_ours.backend = "triton"
+        untouched = True
+        for skip in (0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0):
+            grads = [torch.randn(p.shape, generator=gen).to(dtype).float() for p in ref]  # the same for both
+            before = [t.clone() for p in ours for t in [p.detach(), *o_ours.state[p].values()]] if skip else None
+            for a, b, g in zip(ref, ours, grads):
+                a.grad, b.grad = g, (torch.full_like(g, float("nan")) if skip else g).to(dtype)
+            if not skip:
+                o_ref.step()
+            o_ours.found_inf = torch.tensor(skip)
+            o_ours.step()
+            del o_ours.found_inf
+            if skip:
+                after = [t for p in ours for t in [p.detach(), *o_ours.state[p].values()]]
+                untouched &= all(torch.equal(x, y) for x, y in zip(before, after))
+        name = str(dtype).split(".")[-1]
+        out[f"skip_untouched_{name}"] = untouched
+        out[f"skip_steps_{name}"] = sorted({float(s["step"]) for s in o_ours.state.values()})
+        ws = [o_ours.state[p]["master_param"] for p in ours] if master else list(ours)
+        out[f"skip_max_diff_{name}"] = max((a - b.float()).abs().max().item() for a, b in zip(ref, ws))
+    return out
+
+
 def main():
     import torch
     torch.set_num_threads(1)
-    print(json.dumps({**_came_checks(torch), **_codec_checks(torch), **_adam_checks(torch)}))
+    print(json.dumps({**_came_checks(torch), **_codec_checks(torch), **_adam_checks(torch),
+                      **_adam_skip_checks(torch)}))
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +193,12 @@ def test_kernel_encode_decode_match_the_table(report):
 
 def test_adam_kernel_matches_torch(report):
     assert report["adam_w_mode=True"] < 1e-6 and report["adam_w_mode=False"] < 1e-6
+
+
+def test_adam_kernel_skips_on_found_inf(report):
+    for name in ("float32", "bfloat16"):
+        assert report[f"skip_untouched_{name}"] and report[f"skip_steps_{name}"] == [4.0], report
+    assert report["skip_max_diff_float32"] < 1e-6 and report["skip_max_diff_bfloat16"] < 1e-6
 
 
 if __name__ == "__main__":

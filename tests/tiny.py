@@ -4,6 +4,7 @@ from torch import nn
 
 from examples.char_lm.model import Block, CharLM
 from giga_train import DATASETS, ModuleDict, Trainer
+from giga_train.optimizers import FusedAdam
 from examples.char_lm import data  # noqa: F401  (registers StdlibText, RandomShift)
 
 
@@ -106,16 +107,25 @@ class KillingTrainer(TinyTrainer):
 
 
 class NanTrainer(TinyTrainer):
-    """The loss is NaN at chosen steps: GT_NAN="3,4" (1-based steps), GT_NAN_RANK="1" (only that rank)."""
+    """The loss is NaN at chosen steps: GT_NAN="3,4" (1-based steps), GT_NAN_RANK="1" (only that rank);
+    GT_NAN_GRAD="6": a finite loss whose gradient (one element of head.weight) is NaN."""
 
     def forward_step(self, batch_dict):
         import os
         loss = super().forward_step(batch_dict)
-        steps = {int(s) for s in os.environ.get("GT_NAN", "").split(",") if s}
         rank = os.environ.get("GT_NAN_RANK")
-        if self.step + 1 in steps and (rank is None or int(rank) == self.rank):
+        here = rank is None or int(rank) == self.rank
+        if self.step + 1 in _steps("GT_NAN") and here:
             loss = loss * float("nan")
+        if self.step + 1 in _steps("GT_NAN_GRAD") and here:
+            weight = self.unwrapped_model.head.weight
+            loss = loss + torch.sqrt(weight[0, 0] * 0.0)  # adds 0; its gradient is 0 * inf = NaN
         return loss
+
+
+def _steps(name):
+    import os
+    return {int(s) for s in os.environ.get(name, "").split(",") if s}
 
 
 class BatchDroppingTrainer(TinyTrainer):
@@ -151,3 +161,45 @@ class SignalTrainer(TinyTrainer):
                 os.kill(os.getppid() if target == "parent" else os.getpid(), getattr(signal, name))
             assert self.preemption.requested.wait(60), f"{name} never reached rank 0"
         return super().forward_step(batch_dict)
+
+
+class HostPathAdamW(torch.optim.AdamW):
+    """torch's AdamW (fused=True: the same kernel) with the NaN guard's device skip turned off: the host
+    reads the flags and skips the step itself. The reference of a device-skipping run."""
+    supports_found_inf = False
+
+
+class HostPathFusedAdam(FusedAdam):
+    """FusedAdam with the NaN guard's device skip turned off (as HostPathAdamW)."""
+    supports_found_inf = False
+
+
+def late_flags(steps):
+    """nan_guard.StepFlags whose device flags reach the host only after `steps` more steps were recorded:
+    a GPU running behind the host, for CPU tests of the lazy settlement (CPU flags are there at once)."""
+    from giga_train.trainers import nan_guard
+
+    class LateFlags(nan_guard.StepFlags):
+        recorded = 0
+
+        def __init__(self, step, result):
+            super().__init__(step, result)
+            LateFlags.recorded += 1
+            self.index = LateFlags.recorded
+
+        def ready(self):
+            return not self.on_device or LateFlags.recorded - self.index >= steps
+
+    return LateFlags
+
+
+class LateSettleNanTrainer(NanTrainer):
+    """NanTrainer whose device flags settle late on one rank: GT_SETTLE_LATE="RANK:STEPS"."""
+
+    def __init__(self, config):
+        import os
+        from giga_train.trainers import nan_guard
+        rank, _, steps = os.environ.get("GT_SETTLE_LATE", ":").partition(":")
+        super().__init__(config)
+        if rank and int(rank) == self.rank:
+            nan_guard.StepFlags = late_flags(int(steps))

@@ -21,15 +21,17 @@ class Environment:
     def distributed(self):
         return self.world_size > 1
 
-    def agree_any(self, flag):
+    def agree_any(self, flag, *more):
         """True on every rank when `flag` is true on any: one tiny all-reduce (MAX) of a CPU tensor over
-        gloo, so it never waits for the GPU; no collective at world size 1."""
+        gloo, so it never waits for the GPU; no collective at world size 1. With `more` flags: a tuple,
+        each agreed the same way, through the same single all-reduce."""
         import torch.distributed as dist
-        if self.world_size == 1 or not dist.is_initialized():
-            return bool(flag)
-        value = torch.tensor([int(bool(flag))], dtype=torch.int32)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.cpu_group)
-        return bool(value.item())
+        flags = [bool(f) for f in (flag, *more)]
+        if self.world_size > 1 and dist.is_initialized():
+            value = torch.tensor([int(f) for f in flags], dtype=torch.int32)
+            dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.cpu_group)
+            flags = [bool(v) for v in value.tolist()]
+        return tuple(flags) if more else flags[0]
 
 
 def _env_int(*names, default=0):

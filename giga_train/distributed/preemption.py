@@ -34,9 +34,10 @@ class PreemptionSignals:
         self.signal_name = signal.Signals(signum).name
         self.requested.set()
 
-    def agreed(self, env):
-        """True on every rank once any rank got a signal (a collective: call it on all ranks)."""
-        return env.agree_any(self.requested.is_set())
+    def agreed(self, env, *more):
+        """True on every rank once any rank got a signal (a collective: call it on all ranks). With `more`
+        per-rank flags (e.g. a stop one rank found first): a tuple, each agreed in the same all-reduce."""
+        return env.agree_any(self.requested.is_set(), *more)
 
 
 # -- the launcher's side: ranks spawned through the elastic agent ----------------------------------

@@ -84,6 +84,7 @@ class Trainer:
         self.max_steps = t.max_steps or max(t.max_epochs * len(self.data) // self.accumulation, 1)
         self.checkpoints = CheckpointManager(self.model_dir, t.checkpoint_total_limit, t.checkpoint_keeps)
         self.step = 0
+        self._scheduler_before = {}  # step -> scheduler state before it, for steps whose skip is in flight
         self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
         seed_everything(t.seed + self.env.rank)  # ranks differ from here on (dropout, noise)
         self._resume(t.resume)
@@ -122,30 +123,33 @@ class Trainer:
                  self.device, self.model_dir, self.log_dir)
         self.model.train()
         sums, counted = {}, 0  # named losses of the updated steps, summed on the device since the last log
-        self.nan_guard = NanGuard(t.nan_policy, t.max_nan_steps, self.env.is_main)
+        self.nan_guard = NanGuard(t.nan_policy, t.max_nan_steps, self.env.is_main, self.checkpoints.latest)
         self.preemption = PreemptionSignals()
         try:
             with self.preemption:
                 while self.step < self.max_steps:
                     losses, result = self.train_step()
                     self.step += 1
-                    if result.nonfinite:  # skipped on every rank (or TrainingStopped, nothing saved)
-                        self.nan_guard.nonfinite(self.step, result, self.checkpoints.latest())
-                    else:
-                        self.nan_guard.finite()
-                        for name, value in losses.items():
-                            sums[name] = sums.get(name, 0) + value
-                        counted += 1
+                    self.nan_guard.record(self.step, result)
+                    self._settle_nan_guard()  # the flags that have reached the host; never waits
+                    sums, counted = self._add_losses(sums, counted, losses, result)
                     metrics.advance(self.step)
                     if self.step % t.log_interval == 0 or self.step == self.max_steps:
+                        self._settle_nan_guard(wait=True)
                         scalars = self._scalars(sums, counted, result.grad_norm)
                         self.last_metrics = metrics.log_step(self.step, scalars)
                         sums, counted = {}, 0
                     if t.checkpoint_interval and self.step % t.checkpoint_interval == 0:
                         self.save_checkpoint()
-                    if self.preemption.agreed(self.env):  # the same step on every rank
+                    # the same step on every rank; so is a stop that one rank's settle found first
+                    preempted, stopping = self.preemption.agreed(self.env, self.nan_guard.stopping is not None)
+                    if stopping:
+                        self._settle_nan_guard(wait=True)  # raises TrainingStopped, the same on every rank
+                    if preempted:
+                        self._settle_nan_guard(wait=True)
                         self.preempted = True
                         break
+                self._settle_nan_guard(wait=True)
                 if not self.checkpoints.latest() or read_meta(self.checkpoints.latest())["step"] != self.step:
                     self.save_checkpoint()
         finally:
@@ -156,7 +160,8 @@ class Trainer:
         """One optimizer step over `gradient_accumulation_steps` micro-batches.
 
         Returns (named losses averaged over the micro-batches, as device tensors; the StepResult).
-        A step the NaN guard skips leaves the optimizer, the scheduler and the EMA untouched."""
+        A step the NaN guard skips leaves the optimizer, the scheduler and the EMA untouched (where the
+        skip is decided on the device, the scheduler is rewound when the step is settled)."""
         t, strategy = self.train_config, self.strategy
         totals, trained = {}, 0
         for micro in range(self.accumulation):
@@ -176,20 +181,71 @@ class Trainer:
                 totals[total_name] = totals.get(total_name, 0) + loss.detach().float()
         result = strategy.step(t.max_grad_norm, measure=(self.step + 1) % t.log_interval == 0,
                                loss=trained if t.nan_policy != "off" else None)
-        if result.skipped and result.nonfinite:
+        if result.skipped and result.nonfinite:  # read on the host: nothing else moves
             return totals, result
+        if result.found_inf is not None:  # the host learns later whether this step was skipped
+            self._scheduler_before[self.step + 1] = self._scheduler_state()
         self.scheduler.step()
         if self.ema is not None:
-            self.ema.update()
+            self.ema.update(skip=result.found_inf)  # a no-op on the device for a skipped step
         return totals, result
+
+    # -- the NaN guard's host side --------------------------------------------------------------
+    @staticmethod
+    def _add_losses(sums, counted, losses, result):
+        """Add a step's losses to the sums since the last log, leaving out a skipped step's (so one NaN
+        does not hide the others'): masked on the device by its flag when the skip was decided there."""
+        if result.found_inf is not None:
+            skipped = result.found_inf > 0
+            for name, value in losses.items():
+                sums[name] = sums.get(name, 0) + torch.where(skipped, 0.0, value)
+            return sums, counted + (1.0 - result.found_inf)  # a device count
+        if not result.nonfinite:
+            for name, value in losses.items():
+                sums[name] = sums.get(name, 0) + value
+            counted += 1
+        return sums, counted
+
+    def _settle_nan_guard(self, wait=False):
+        guard = getattr(self, "nan_guard", None)
+        if guard is not None:
+            guard.settle(self.step, wait, self._settled)
+
+    def _settled(self, flags):
+        """A step whose skip was decided on the device is settled: if it was skipped, take back the
+        scheduler step it made. The steps taken while its flag was in flight may have used a one-step-later
+        lr (per skipped step among them); from here on the lr is the host path's."""
+        if not flags.on_device:
+            return
+        before = self._scheduler_before.pop(flags.step)
+        if not flags.skipped:
+            return
+        self._set_scheduler_state(before)
+        for later in self._scheduler_before:  # steps still in flight (in order): replay their scheduler steps
+            self._scheduler_before[later] = self._scheduler_state()
+            self.scheduler.step()
+
+    def _scheduler_state(self):
+        return self.scheduler.state_dict(), [group["lr"] for group in self.optimizer.param_groups]
+
+    def _set_scheduler_state(self, state):
+        scheduler_state, lrs = state
+        self.scheduler.load_state_dict(scheduler_state)
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            group["lr"] = lr
 
     def _scalars(self, sums, counted, grad_norm):
         """Host values for logging: the one place the loop waits for the device. `counted`: the steps
-        in `sums` (skipped steps are left out, so one NaN does not hide the loss of the others)."""
+        in `sums` (skipped steps are left out, so one NaN does not hide the loss of the others); a
+        device tensor where the skips were decided on the device."""
         names = sorted(sums)
-        values = [sums[n] / counted for n in names] + ([grad_norm.float()] if grad_norm is not None else [])
+        on_device = torch.is_tensor(counted)
+        values = [sums[n] / (counted.clamp(min=1) if on_device else counted) for n in names]
+        values += ([counted.float()] if on_device else []) + ([grad_norm.float()] if grad_norm is not None else [])
         values = self.strategy.reduce_mean(torch.stack(values)).tolist() if values else []
         scalars = dict(zip(names, values))
+        if on_device and values[len(names)] == 0:  # every step since the last log was skipped
+            scalars = {}
         if grad_norm is not None:
             scalars["grad_norm"] = values[-1]
         scalars["lr"] = self.scheduler.get_last_lr()[0]
@@ -213,6 +269,7 @@ class Trainer:
     def save_checkpoint(self):
         """Write checkpoint (epoch, step); a full disk stops the run with one line, keeping every
         complete checkpoint and removing what this one had written."""
+        self._settle_nan_guard(wait=True)  # a stop must come before anything is written
         try:
             self._write_checkpoint()
         except Exception as e:

@@ -21,8 +21,23 @@ OPTIMIZER_DCP, PRECISION_FILE = "optimizer_dcp", "precision.pt"
 @dataclass
 class StepResult:
     grad_norm: object = None  # the pre-clip gradient norm (a device tensor), or None when not computed
-    nonfinite: tuple = ()     # what was non-finite on some rank ("loss", "grad_norm"); () when all finite
-    skipped: bool = False     # the update was not applied (the guard's skip, or the engine's own)
+    nonfinite: tuple = ()     # read on the host: what was non-finite on some rank ("loss", "grad_norm")
+    skipped: bool = False     # read on the host: the update was not applied (the guard's skip, or the engine's)
+    # The skip decided on the device (an optimizer that honours `found_inf`): nothing was read on the host.
+    found_inf: object = None  # 0-dim float32 device tensor, 1.0 when this step was skipped on every rank
+    flags: object = None      # the all-reduced per-name flags (a device tensor), for the host to settle later
+    names: tuple = ()         # the names of `flags`
+
+
+def supports_found_inf(optimizer):
+    """Whether optimizer.step() skips on the device when `optimizer.found_inf` (a 0-dim float32 device
+    tensor) is 1.0, leaving parameters and all state (step counts too) untouched: torch's Adam/AdamW
+    with fused=True (the attribute GradScaler sets), or an optimizer class with `supports_found_inf = True`."""
+    declared = getattr(optimizer, "supports_found_inf", None)
+    if declared is not None:
+        return bool(declared)
+    return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) and all(
+        g.get("fused") for g in optimizer.param_groups)
 
 
 @STRATEGIES.register(name="NO")
@@ -64,6 +79,9 @@ class Strategy:
 
         With `loss` (this rank's loss of the step) the step is guarded: when the loss or the gradient norm
         is non-finite on any rank, the update is skipped on all (gradients zeroed, optimizer untouched).
+        With an optimizer that honours `found_inf` (supports_found_inf) the skip happens on the device and
+        nothing is read on the host (the result's `found_inf` and `flags`); else, and under fp16 (the
+        loss scaler reads its own flag anyway), the flags are read on the host first (one sync).
         Under fp16 only the loss counts: an inf gradient is the loss scaler's own, normal skip.
         The pre-clip gradient norm (a device tensor) comes back when clipping, `measure` or guarding."""
         scaler = self.precision.scaler
@@ -74,7 +92,17 @@ class Strategy:
                 scaler.unscale_(self.optimizer)
             norm = self.clip_grad_norm(max_grad_norm)
         if guard:
-            nonfinite = self.nonfinite(loss=loss, grad_norm=norm if scaler is None else None)
+            names, flags = self.finiteness_flags(loss=loss, grad_norm=norm if scaler is None else None)
+            if scaler is None and supports_found_inf(self.optimizer):
+                found_inf = flags.amax()  # exactly 0.0 or 1.0: torch's fused kernels skip on == 1.0
+                self.optimizer.found_inf = found_inf
+                try:
+                    self.optimizer.step()
+                finally:
+                    del self.optimizer.found_inf  # as GradScaler does: a later step must not see it
+                self.optimizer.zero_grad(set_to_none=True)
+                return StepResult(norm, found_inf=found_inf, flags=flags, names=names)
+            nonfinite = tuple(name for name, bad in zip(names, flags.tolist()) if bad)  # the host read
             if nonfinite:
                 self.optimizer.zero_grad(set_to_none=True)
                 if scaler is not None and norm is not None:
@@ -88,13 +116,19 @@ class Strategy:
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(norm)
 
-    def nonfinite(self, **values):
-        """Names of the given device tensors that are non-finite on any rank: one all-reduce (MAX) of
-        their flags and one host read (the guard's cost)."""
-        names = [name for name, value in values.items() if value is not None]
+    def finiteness_flags(self, **values):
+        """(names, flags): 1.0 in `flags` (a float32 device tensor) where that value is non-finite on any
+        rank. One all-reduce (MAX) and no host read: under NCCL the collective only orders streams."""
+        names = tuple(name for name, value in values.items() if value is not None)
         flags = torch.stack([(~torch.isfinite(values[n].detach().float())).any().float() for n in names])
         if dist.is_initialized() and self.env.world_size > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return names, flags
+
+    def nonfinite(self, **values):
+        """Names of the given device tensors that are non-finite on any rank: finiteness_flags and one
+        host read."""
+        names, flags = self.finiteness_flags(**values)
         return tuple(name for name, bad in zip(names, flags.tolist()) if bad)
 
     def clip_grad_norm(self, max_norm):

@@ -4,6 +4,8 @@ Every program updates BLOCK consecutive elements of one tensor; addresses come f
 table (params, grads, exp_avg, exp_avg_sq, master weights, step counters), so a 300M-parameter
 step is a single launch that streams the 28 bytes/param fp32 Adam must move, plus a step-counter
 increment. Bias corrections are computed on the device from the step tensors: no host sync.
+With a skip flag (FusedAdam's `found_inf`) every program masks all its loads and stores off when the
+flag is 1.0, and the step counters advance by 1 - flag: a skipped step changes nothing, on the device.
 """
 import math
 
@@ -11,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .multi_tensor import KIND, PointerTable, program_table
+from .multi_tensor import KIND, PointerTable, advance_steps, program_table
 from .triton_ptr import table_ptr
 
 BLOCK, WARPS = 1024, 4  # the fastest of bench/optimizers.py --tune on the H200
@@ -19,9 +21,10 @@ ROWS = 6  # table rows: param, grad, exp_avg, exp_avg_sq, master, step
 
 
 @triton.jit
-def _adam_kernel(TAB, NUMEL, CHUNKS, LOG_BETAS, n, lr, b1, b2, eps, wd,
+def _adam_kernel(TAB, NUMEL, CHUNKS, LOG_BETAS, SKIP, n, lr, b1, b2, eps, wd,
                  P_KIND: tl.constexpr, G_KIND: tl.constexpr, S_KIND: tl.constexpr,
-                 MASTER: tl.constexpr, ADAMW: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
+                 MASTER: tl.constexpr, ADAMW: tl.constexpr, ALIGNED: tl.constexpr, SKIPPABLE: tl.constexpr,
+                 BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     k = tl.load(CHUNKS + 2 * pid)
     chunk = tl.load(CHUNKS + 2 * pid + 1)
@@ -35,6 +38,8 @@ def _adam_kernel(TAB, NUMEL, CHUNKS, LOG_BETAS, n, lr, b1, b2, eps, wd,
     step = tl.load(table_ptr(TAB + 5 * n, k, 0, False)).to(tl.float64)
     bc1 = (1.0 - tl.exp(step * tl.load(LOG_BETAS))).to(tl.float32)
     bc2_sqrt = tl.sqrt_rn((1.0 - tl.exp(step * tl.load(LOG_BETAS + 1))).to(tl.float32))
+    if SKIPPABLE:  # a skipped step: no element in range, so no lane loads or stores anything
+        numel = tl.where(tl.load(SKIP) > 0.0, 0, numel)
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     if MASTER:
@@ -79,14 +84,17 @@ class AdamBucket:
             self._log_betas = ((b1, b2), t.to(self.device))
         return self._log_betas[1]
 
-    def step(self, grads, exp_avgs, exp_avg_sqs, masters, steps, lr, b1, b2, eps, wd, adam_w_mode):
+    def step(self, grads, exp_avgs, exp_avg_sqs, masters, steps, lr, b1, b2, eps, wd, adam_w_mode, skip=None):
+        """`skip`: None, or a 0-dim float32 device tensor, 1.0 to leave everything as it is."""
         n = len(self.params)
-        torch._foreach_add_(steps, 1.0)
+        advance_steps(steps, skip)
         master = masters is not None
         tab = self.table.update(self.params + grads + exp_avgs + exp_avg_sqs
                                 + (masters if master else self.params) + steps)
         aligned = self.table.aligned()
+        flag = skip if skip is not None else self.numel  # any pointer: never read unless SKIPPABLE
         _adam_kernel[(self.chunks.shape[0],)](
-            tab, self.numel, self.chunks, self.log_betas(b1, b2), n, lr, b1, b2, eps, wd,
+            tab, self.numel, self.chunks, self.log_betas(b1, b2), flag, n, lr, b1, b2, eps, wd,
             P_KIND=KIND[self.params[0].dtype], G_KIND=KIND[grads[0].dtype], S_KIND=KIND[exp_avgs[0].dtype],
-            MASTER=master, ADAMW=adam_w_mode, ALIGNED=aligned, BLOCK=self.block, num_warps=self.warps)
+            MASTER=master, ADAMW=adam_w_mode, ALIGNED=aligned, SKIPPABLE=skip is not None, BLOCK=self.block,
+            num_warps=self.warps)

@@ -48,3 +48,12 @@ class PointerTable:
 def cdiv1(a, b):
     """Grid size for `a` elements in blocks of `b` (at least one program)."""
     return max(1, -(-a // b))
+
+
+def advance_steps(steps, skip=None):
+    """Step counters + 1, or + (1 - skip) with `skip` a 0-dim device tensor (0.0, or 1.0 for a step the
+    kernel skips): the count stays right without a host read."""
+    if skip is None:
+        torch._foreach_add_(steps, 1.0)
+    else:
+        torch._foreach_add_(steps, 1.0 - skip)
