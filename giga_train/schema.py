@@ -102,6 +102,7 @@ TRAIN = dict(
     checkpoint_keeps=Key([], (list, tuple), check=_list_of(int, "a step number")),
     checkpoint_safe_serialization=Key(True, bool),
     checkpoint_strict=Key(True, bool),
+    checkpoint_async=Key(False, bool),  # write checkpoints in a background thread (not under DEEPSPEED)
     resume=Key(False, (bool, str)),
     with_ema=Key(False, bool),
     ema_decay=Key(0.9999, numbers.Real, check=lambda v: None if 0 < v < 1 else f"must be in (0, 1), got {v!r}"),

@@ -80,16 +80,16 @@ class ChaosTrainer(CharLMTrainer):
     def save_checkpoint(self):
         event = self._event(self.step, "save")
         if event:
-            save_state = self.strategy.save_state
+            write_state = self.strategy.write_state
 
-            def then_fire(folder):
-                save_state(folder)
+            def then_fire(folder, *args):
+                write_state(folder, *args)
                 self._fire(event)
-            self.strategy.save_state = then_fire
+            self.strategy.write_state = then_fire
         try:
             return super().save_checkpoint()
         finally:
-            self.strategy.__dict__.pop("save_state", None)
+            self.strategy.__dict__.pop("write_state", None)
 
 
 def train(project, env=None, restarts=0):

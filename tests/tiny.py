@@ -78,8 +78,10 @@ __all__ = ["Block", "TinyTrainer", "DictLossTrainer", "tiny_config", "MODEL"]
 
 class KillingTrainer(TinyTrainer):
     """Dies by SIGKILL at a chosen moment: GT_KILL="step:N" (in step N's forward, between its micro-batches
-    when there are several) or
-    "save:N" (while checkpoint N is half written: weights on disk, training state not yet)."""
+    when there are several),
+    "save:N" (while checkpoint N is half written: weights on disk, training state not yet) or
+    "inflight:N" (train.checkpoint_async: in step N+2's forward, while the writer of checkpoint N is
+    stuck after the optimizer state, so the loop has gone on past a save that is not complete)."""
 
     def forward_step(self, batch_dict):
         import os
@@ -90,19 +92,26 @@ class KillingTrainer(TinyTrainer):
         accum = self.train_config.gradient_accumulation_steps
         if where == "step" and self.step + 1 == int(at) and len(self.losses) % accum == accum // 2:
             os.kill(os.getpid(), signal.SIGKILL)
+        if where == "inflight" and self.step + 1 == int(at) + 2:
+            assert self.writer_stuck.wait(60) and self.async_checkpoint.in_flight
+            os.kill(os.getpid(), signal.SIGKILL)
         return super().forward_step(batch_dict)
 
     def save_checkpoint(self):
         import os
         import signal
+        import threading
         where, _, at = os.environ.get("GT_KILL", ":").partition(":")
-        if where == "save" and self.step == int(at):
-            save_state = self.strategy.save_state
+        if where in ("save", "inflight") and self.step == int(at):
+            write_state, self.writer_stuck = self.strategy.write_state, threading.Event()
 
-            def dying_save_state(folder):
-                save_state(folder)
-                os.kill(os.getpid(), signal.SIGKILL)
-            self.strategy.save_state = dying_save_state
+            def dying_write_state(folder, *args):
+                write_state(folder, *args)
+                if where == "save":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                self.writer_stuck.set()
+                threading.Event().wait()  # forever: the forward of step N+2 kills the process
+            self.strategy.write_state = dying_write_state
         return super().save_checkpoint()
 
 

@@ -1,5 +1,6 @@
 from .manager import CheckpointManager, disk_error, free_bytes, is_complete, list_checkpoints, read_meta
+from .snapshot import host_copy
 from .state import load_weights, rng_state, save_weights, set_rng_state
 
-__all__ = ["CheckpointManager", "disk_error", "free_bytes", "is_complete", "list_checkpoints", "read_meta",
+__all__ = ["CheckpointManager", "disk_error", "free_bytes", "is_complete", "list_checkpoints", "read_meta", "host_copy",
            "load_weights", "rng_state", "save_weights", "set_rng_state"]

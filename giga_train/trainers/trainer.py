@@ -8,8 +8,8 @@ import time
 import numpy as np
 import torch
 
-from ..checkpoint import (CheckpointManager, disk_error, free_bytes, is_complete, load_weights, read_meta, rng_state,
-                          set_rng_state)
+from ..checkpoint import (CheckpointManager, disk_error, free_bytes, host_copy, is_complete, load_weights, read_meta,
+                          rng_state, set_rng_state)
 from ..compile import compile_model
 from ..config import ConfigError, load_config
 from ..data import DataStream
@@ -23,6 +23,7 @@ from ..module_dict import ModuleDict
 from ..optimizers import build_optimizer
 from ..registry import SCHEDULERS, STRATEGIES
 from ..schema import validate_config
+from .async_checkpoint import AsyncCheckpoint
 from .nan_guard import NanGuard, TrainingStopped
 
 log = logging.getLogger("giga_train")
@@ -83,6 +84,12 @@ class Trainer:
         self.accumulation = t.gradient_accumulation_steps
         self.max_steps = t.max_steps or max(t.max_epochs * len(self.data) // self.accumulation, 1)
         self.checkpoints = CheckpointManager(self.model_dir, t.checkpoint_total_limit, t.checkpoint_keeps)
+        self.async_checkpoint = None  # train.checkpoint_async: the writer in the background
+        if t.checkpoint_async and self.strategy.writes_checkpoints_async:
+            self.async_checkpoint = AsyncCheckpoint(self)
+        elif t.checkpoint_async:
+            log.info("train.checkpoint_async has no effect under %s: its engine writes checkpoints synchronously",
+                     cfg.launch.distributed_type)
         self.step = 0
         self._scheduler_before = {}  # step -> scheduler state before it, for steps whose skip is in flight
         self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
@@ -150,8 +157,13 @@ class Trainer:
                         self.preempted = True
                         break
                 self._settle_nan_guard(wait=True)
+                self.wait_for_checkpoint()  # latest() must see the save in flight
                 if not self.checkpoints.latest() or read_meta(self.checkpoints.latest())["step"] != self.step:
                     self.save_checkpoint()
+                self.wait_for_checkpoint()
+        except BaseException:
+            self.wait_for_checkpoint(raise_errors=False)  # what was taken before the error still lands
+            raise
         finally:
             metrics.close()
         return self._finish()
@@ -254,6 +266,7 @@ class Trainer:
         return scalars
 
     def _finish(self):
+        self.wait_for_checkpoint()
         loss = getattr(self, "last_metrics", {}).get("loss")
         where = self.checkpoints.latest()
         if self.preempted:
@@ -268,45 +281,79 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self):
         """Write checkpoint (epoch, step); a full disk stops the run with one line, keeping every
-        complete checkpoint and removing what this one had written."""
+        complete checkpoint and removing what this one had written. With train.checkpoint_async the
+        loop only takes the state into host memory; a thread writes it (AsyncCheckpoint)."""
         self._settle_nan_guard(wait=True)  # a stop must come before anything is written
+        self.wait_for_checkpoint()  # at most one save in flight: its error surfaces here
+        tmp = self.checkpoints.tmp_path(self.epoch, self.step)
         try:
-            self._write_checkpoint()
+            start = time.perf_counter()
+            if self.env.is_main:
+                self.checkpoints.begin(self.epoch, self.step)
+            self.strategy.barrier()  # the folder exists before any rank writes into it
+            if self.async_checkpoint is not None:
+                parts = self._checkpoint_parts(tmp, copy=True, process_group=self.async_checkpoint.group)
+                self.async_checkpoint.save(tmp, parts, self._checkpoint_meta(), start)
+            else:
+                self._write_checkpoint(tmp, start)
         except Exception as e:
             disk = disk_error(e)
             if disk is None:
                 raise
-            tmp = self.checkpoints.tmp_path(self.epoch, self.step)
-            if self.env.is_main:
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise TrainingStopped(
-                f"checkpoint at step {self.step}: {os.strerror(disk.errno)} writing {disk.filename or tmp}"
-                f" ({free_bytes(self.model_dir) / 2**30:.2f} GiB free there); nothing of it was kept, the"
-                f" newest complete checkpoint is {self.checkpoints.latest() or 'none yet'}") from None
+            raise self._stopped_by_full_disk(self.step, tmp, disk) from None
 
-    def _write_checkpoint(self):
-        t, strategy = self.train_config, self.strategy
-        start = time.perf_counter()
-        tmp = self.checkpoints.begin(self.epoch, self.step) if self.env.is_main else None
-        strategy.barrier()
-        tmp = tmp or self.checkpoints.tmp_path(self.epoch, self.step)
-        strategy.save_model(os.path.join(tmp, "model"), t.checkpoint_safe_serialization)
-        if self.ema is not None:
-            strategy.save_model(os.path.join(tmp, "model_ema"), t.checkpoint_safe_serialization,
-                                state=self.ema.state_dict(self.unwrapped_model))
-        strategy.save_state(tmp)
-        torch.save(rng_state(), os.path.join(tmp, f"random_states_{self.env.rank}.pt"))
+    def wait_for_checkpoint(self, raise_errors=True):
+        """Return once no checkpoint is being written in the background (train.checkpoint_async)."""
+        if self.async_checkpoint is not None:
+            self.async_checkpoint.wait(raise_errors)
+
+    def _write_checkpoint(self, tmp, start):
+        for take, write in self._checkpoint_parts(tmp):
+            write(take())
+        self.strategy.barrier()
         if self.env.is_main:
-            torch.save({"scheduler": self.scheduler.state_dict(), "data": self.data.state_dict(),
-                        "step": self.step}, os.path.join(tmp, "training_state.pt"))
-        strategy.barrier()
-        if self.env.is_main:
-            final = self.checkpoints.commit(tmp, dict(
-                step=self.step, epoch=self.epoch, samples_seen=self.data.samples_seen,
-                world_size=self.env.world_size, distributed_type=self.config.launch.distributed_type,
-                mixed_precision=t.mixed_precision, ema=self.ema is not None, config=self.config.to_dict()))
+            final = self.checkpoints.commit(tmp, self._checkpoint_meta())
             log.info("saved %s (%.1f s)", final, time.perf_counter() - start)
-        strategy.barrier()
+        self.strategy.barrier()
+
+    def _checkpoint_parts(self, tmp, copy=False, process_group=None):
+        """What a checkpoint holds, as (take, write) pairs. take() runs on the training thread (the
+        collectives, the device->host copies; `copy`: into host memory the training no longer changes);
+        write(taken) only writes files into `tmp` (in a thread with checkpoint_async; `process_group`
+        for write_state's collectives). One list for both modes: their files are the same."""
+        strategy, safe = self.strategy, self.train_config.checkpoint_safe_serialization
+        join = os.path.join
+        parts = [(lambda: strategy.model_snapshot(copy=copy),
+                  lambda state: strategy.write_model(join(tmp, "model"), state, safe))]
+        if self.ema is not None:
+            parts.append((lambda: strategy.model_snapshot(self.ema.state_dict(self.unwrapped_model), copy=copy),
+                          lambda state: strategy.write_model(join(tmp, "model_ema"), state, safe)))
+        parts.append((lambda: strategy.state_snapshot(copy=copy),
+                      lambda state: strategy.write_state(tmp, state, process_group)))
+        rng_file = join(tmp, f"random_states_{self.env.rank}.pt")
+        parts.append((rng_state, lambda state: torch.save(state, rng_file)))  # rng_state() is a fresh copy
+        if self.env.is_main:
+            def training_state():
+                state = {"scheduler": self.scheduler.state_dict(), "data": self.data.state_dict(), "step": self.step}
+                return host_copy(state) if copy else state
+            parts.append((training_state, lambda state: torch.save(state, join(tmp, "training_state.pt"))))
+        return parts
+
+    def _checkpoint_meta(self):
+        return dict(step=self.step, epoch=self.epoch, samples_seen=self.data.samples_seen,
+                    world_size=self.env.world_size, distributed_type=self.config.launch.distributed_type,
+                    mixed_precision=self.train_config.mixed_precision, ema=self.ema is not None,
+                    config=self.config.to_dict())
+
+    def _stopped_by_full_disk(self, step, tmp, disk):
+        """The one line that stops the run when the disk cannot hold checkpoint `step`; removes what
+        it had written (`tmp`), so the newest complete checkpoint stays the newest."""
+        if self.env.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return TrainingStopped(
+            f"checkpoint at step {step}: {os.strerror(disk.errno)} writing {disk.filename or tmp}"
+            f" ({free_bytes(self.model_dir) / 2**30:.2f} GiB free there); nothing of it was kept, the"
+            f" newest complete checkpoint is {self.checkpoints.latest() or 'none yet'}")
 
     def _resume(self, resume):
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
@@ -325,6 +372,7 @@ class Trainer:
         self.load_checkpoint(path)
 
     def load_checkpoint(self, path):
+        self.wait_for_checkpoint()
         strict = self.train_config.checkpoint_strict
         self.strategy.load_model(os.path.join(path, "model"), strict)
         self.strategy.load_state(path)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ...checkpoint.snapshot import host_copy
 from ...checkpoint.state import load_weights, save_weights
 from ...module_dict import ModuleDict
 from ...precision import Precision
@@ -44,6 +45,7 @@ def supports_found_inf(optimizer):
 class Strategy:
     shards_parameters_as_dtensors = False  # FSDP2: parameters become DTensors (float8 all-gather applies)
     optimizer_options = None  # StateDictOptions of the optimizer state in checkpoints (None: torch's default)
+    writes_checkpoints_async = True  # train.checkpoint_async: state_snapshot copies, write_state only writes
 
     def __init__(self, env, launch, train, micro_batch_size=1):
         self.env, self.launch, self.train = env, launch, train
@@ -148,12 +150,25 @@ class Strategy:
         """The full, unsharded model state on the CPU (on the main rank; others may get None)."""
         return self.full_state_dict(self.unwrap().state_dict())
 
-    def save_model(self, folder, safe, state=None):
-        """Full weights as safetensors in `folder` (`state`: another state dict of the model, e.g. EMA)."""
+    def model_snapshot(self, state=None, copy=False):
+        """What `model/` holds: the full model state (or `state`, another state dict of the model, e.g.
+        EMA's) on the host, on the main rank (None elsewhere); a collective under sharding. `copy`: tensors
+        the training can no longer change (train.checkpoint_async). Off the CPU the full state already is
+        a fresh host copy; on a CPU run `.cpu()` returns the live tensors, so they are cloned."""
         state = self.full_state_dict(state) if state is not None else self.model_state_dict()
+        if not self.env.is_main:
+            return None  # only the main rank writes `model/`
+        return host_copy(state) if copy and self.device.type == "cpu" else state
+
+    def write_model(self, folder, state, safe):
+        """Write what model_snapshot took (files only: safe in a background thread)."""
         if self.env.is_main:
             members = isinstance(self.unwrap(), ModuleDict)
             save_weights(folder, state, members=members, safe=safe)
+
+    def save_model(self, folder, safe, state=None):
+        """Full weights as safetensors in `folder` (`state`: another state dict of the model, e.g. EMA)."""
+        self.write_model(folder, self.model_snapshot(state), safe)
 
     def load_model(self, folder, strict):
         members = isinstance(self.unwrap(), ModuleDict)
@@ -161,16 +176,27 @@ class Strategy:
         missing, unexpected = self.unwrap().load_state_dict(state, strict=strict)
         return missing, unexpected
 
-    def save_state(self, folder):
-        """Optimizer state keyed by parameter name through torch.distributed.checkpoint (each rank
-        writes its shards; replicated tensors once), so any strategy at any world size can read it;
-        the loss-scaler state beside it."""
-        import torch.distributed.checkpoint as dcp
+    def state_snapshot(self, copy=False):
+        """The optimizer state keyed by parameter name (this rank's shards under FSDP) and the loss
+        scaler's. `copy`: as host copies the training can no longer change (train.checkpoint_async;
+        pinned on CUDA)."""
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-        dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=self.optimizer_options)},
-                 checkpoint_id=os.path.join(folder, OPTIMIZER_DCP))
+        state = dict(optimizer=get_optimizer_state_dict(self.model, self.optimizer, options=self.optimizer_options),
+                     precision=self.precision.state_dict())
+        return host_copy(state, pinned=self.device.type == "cuda") if copy else state
+
+    def write_state(self, folder, state, process_group=None):
+        """Write what state_snapshot took: the optimizer state through torch.distributed.checkpoint (each
+        rank writes its shards, replicated tensors once), so any strategy at any world size can read it;
+        the loss-scaler state beside it. Collective over `process_group` (None: the default group)."""
+        import torch.distributed.checkpoint as dcp
+        dcp.save({"optimizer": state["optimizer"]}, checkpoint_id=os.path.join(folder, OPTIMIZER_DCP),
+                 process_group=process_group)
         if self.env.is_main:
-            torch.save({"precision": self.precision.state_dict()}, os.path.join(folder, PRECISION_FILE))
+            torch.save({"precision": state["precision"]}, os.path.join(folder, PRECISION_FILE))
+
+    def save_state(self, folder):
+        self.write_state(folder, self.state_snapshot())
 
     def load_state(self, folder):
         import torch.distributed.checkpoint as dcp

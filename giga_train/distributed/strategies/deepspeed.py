@@ -25,6 +25,8 @@ log = logging.getLogger("giga_train")
 
 @STRATEGIES.register(name="DEEPSPEED")
 class DeepSpeedStrategy(Strategy):
+    writes_checkpoints_async = False  # engine.save_checkpoint is synchronous: no snapshot to hand to a thread
+
     def __init__(self, env, launch, train, **kwargs):
         super().__init__(env, launch, train, **kwargs)
         init_process_group(env)
@@ -114,7 +116,10 @@ class DeepSpeedStrategy(Strategy):
         self._weights_folder = folder  # applied in load_state, unless the engine's own files restore them
         return [], []
 
-    def save_state(self, folder):
+    def state_snapshot(self, copy=False):
+        return None  # the engine reads its own state when it writes
+
+    def write_state(self, folder, state=None, process_group=None):
         client = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
         self.model.save_checkpoint(os.path.join(folder, DEEPSPEED_DIR), tag=DEEPSPEED_TAG, client_state=client)
         if self.env.is_main:

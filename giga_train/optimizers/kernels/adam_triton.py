@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .multi_tensor import KIND, PointerTable, advance_steps, program_table
+from .multi_tensor import KIND, PointerTable, advance_steps, program_table, upload
 from .triton_ptr import table_ptr
 
 BLOCK, WARPS = 1024, 4  # the fastest of bench/optimizers.py --tune on the H200
@@ -70,7 +70,7 @@ class AdamBucket:
 
     def __init__(self, params, device):
         self.params = list(params)
-        self.numel = torch.tensor([p.numel() for p in params], dtype=torch.int64, device=device)
+        self.numel = upload(torch.tensor([p.numel() for p in params], dtype=torch.int64), device)
         self.block, self.warps = BLOCK, WARPS  # the chunk table depends on them
         self.chunks = program_table([-(-p.numel() // BLOCK) for p in params], device)
         self.table = PointerTable(device)
@@ -81,7 +81,7 @@ class AdamBucket:
         """fp64 [log b1, log b2] on the device, rebuilt only when the betas change."""
         if self._log_betas[0] != (b1, b2):
             t = torch.tensor([math.log(b1), math.log(b2)], dtype=torch.float64)
-            self._log_betas = ((b1, b2), t.to(self.device))
+            self._log_betas = ((b1, b2), upload(t, self.device))
         return self._log_betas[1]
 
     def step(self, grads, exp_avgs, exp_avg_sqs, masters, steps, lr, b1, b2, eps, wd, adam_w_mode, skip=None):

@@ -12,19 +12,27 @@ def cumsum0(sizes):
     return out, total
 
 
+def upload(t, device):
+    """A host tensor on `device` without a host sync (pinned staging, non-blocking copy): a bucket built
+    at the first step must not stall it either."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def program_table(counts, device):
     """int32 [sum(counts), 2] of (tensor index, local index) pairs: the grid of a multi-tensor launch."""
     counts_t = torch.tensor(counts, dtype=torch.int64)
     owner = torch.repeat_interleave(torch.arange(len(counts)), counts_t)
     starts = torch.cumsum(counts_t, 0) - counts_t
     local = torch.arange(int(counts_t.sum())) - torch.repeat_interleave(starts, counts_t)
-    return torch.stack([owner, local], 1).to(torch.int32).contiguous().to(device)
+    return upload(torch.stack([owner, local], 1).to(torch.int32).contiguous(), device)
 
 
 def segments(sizes, device):
     """int64 [len(sizes) + 1] boundaries of consecutive segments of the given sizes."""
     starts, total = cumsum0(sizes)
-    return torch.tensor(starts + [total], dtype=torch.int64, device=device)
+    return upload(torch.tensor(starts + [total], dtype=torch.int64), device)
 
 
 class PointerTable:
@@ -36,8 +44,7 @@ class PointerTable:
     def update(self, tensors):
         ptrs = [t.data_ptr() for t in tensors]
         if ptrs != self.host:
-            staging = torch.tensor(ptrs, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-            self.table = staging.to(self.device, non_blocking=True)
+            self.table = upload(torch.tensor(ptrs, dtype=torch.int64), self.device)
             self.host = ptrs
         return self.table
 
@@ -53,7 +60,6 @@ def cdiv1(a, b):
 def advance_steps(steps, skip=None):
     """Step counters + 1, or + (1 - skip) with `skip` a 0-dim device tensor (0.0, or 1.0 for a step the
     kernel skips): the count stays right without a host read."""
-    if skip is None:
-        torch._foreach_add_(steps, 1.0)
-    else:
-        torch._foreach_add_(steps, 1.0 - skip)
+    torch._foreach_add_(steps, 1.0)
+    if skip is not None:  # a list of tensors, as torch's fused Adam does: a 0-dim tensor operand would sync
+        torch._foreach_sub_(steps, [skip] * len(steps))
