@@ -316,33 +316,53 @@ def graph_check(device, shapes, steps=5):
     return out
 
 
+def kernel_times(factory, shapes, device, steps=5):
+    """ms per step of each CUDA kernel of one optimizer's step (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    gen = torch.Generator(device=device).manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(s, device=device, generator=gen) * 0.02) for s in shapes]
+    for p in ps:
+        p.grad = torch.randn(p.shape, device=device, generator=gen) * 1e-3
+    opt = factory(ps)
+    for _ in range(3):
+        opt.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            opt.step()
+        torch.cuda.synchronize()
+    out = {}
+    for evt in prof.key_averages():
+        t = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
+        if t > 0:
+            out[evt.key[:60]] = t / 1000 / steps
+    del opt, ps
+    torch.cuda.empty_cache()
+    return out
+
+
 def profile_kernels(device, shapes, steps=5):
     """CUDA only: time of each kernel of our optimizers' steps (torch.profiler), ms per step."""
     if device != "cuda":
         return {}
-    from torch.profiler import ProfilerActivity, profile
     out = {}
     for name, factory in (("CAME8Bit", lambda ps: CAME8Bit(ps, lr=1e-4)), ("FusedAdam", lambda ps: FusedAdam(ps, lr=1e-4))):
-        gen = torch.Generator(device=device).manual_seed(0)
-        ps = [torch.nn.Parameter(torch.randn(s, device=device, generator=gen) * 0.02) for s in shapes]
-        for p in ps:
-            p.grad = torch.randn(p.shape, device=device, generator=gen) * 1e-3
-        opt = factory(ps)
-        for _ in range(3):
-            opt.step()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
-                opt.step()
-            torch.cuda.synchronize()
-        for evt in prof.key_averages():
-            t = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
-            if t > 0:
-                out[f"{name} kernel {evt.key[:60]} ms/step"] = t / 1000 / steps
-        del opt, ps
-        torch.cuda.empty_cache()
+        for kernel, ms in kernel_times(factory, shapes, device, steps).items():
+            out[f"{name} kernel {kernel} ms/step"] = ms
     out.update(register_report())
     return out
+
+
+def copy_bandwidth(device, nbytes=2 << 30):
+    """CUDA only: device-to-device copy rate in TB/s (bytes read + written), the bandwidth ceiling."""
+    if device != "cuda":
+        return {}
+    src = torch.empty(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    ms = Timer(device)(lambda: dst.copy_(src), 10)
+    del src, dst
+    torch.cuda.empty_cache()
+    return {"device-to-device copy TB/s": 2 * nbytes / ms / 1e9}
 
 
 def register_report():
@@ -367,28 +387,35 @@ def register_report():
     return out
 
 
-CAME_KNOBS = ("BR", "BC", "RC", "REDUCE_WARPS", "UPDATE_WARPS", "TABLE_DECODE")
-CAME_CONFIGS = [(8, 128, 256, 4, 8, True), (8, 128, 256, 4, 8, False), (4, 128, 256, 4, 8, True),
-                (16, 128, 256, 4, 8, True), (8, 256, 256, 8, 8, True), (8, 128, 512, 4, 8, True),
-                (8, 128, 256, 4, 16, True), (8, 128, 256, 4, 32, True)]
-ADAM_CONFIGS = [(1024, 4), (2048, 8), (2048, 4)]
+CAME_KNOBS = ("BR", "BC", "RC", "REDUCE_WARPS", "PREFETCH_REDUCE", "UPDATE_WARPS", "UPDATE_NB", "PREFETCH_UPDATE")
+CAME_CONFIGS = [(8, 128, 512, 4, True, 8, 8, True), (8, 128, 512, 4, False, 8, 1, False),
+                (8, 128, 256, 4, True, 8, 8, True), (8, 128, 1024, 4, True, 8, 8, True),
+                (8, 128, 512, 4, True, 8, 4, True), (8, 128, 512, 4, True, 8, 16, True),
+                (8, 128, 512, 8, True, 8, 8, True)]
+ADAM_CONFIGS = [(1024, 4), (2048, 8)]
+BIG_KERNELS = ("_sq_sums", "_res_sums", "_update")
 
 
 def tune(device, shapes, warmup, steps):
     """Time our kernels under a few launch configurations (module constants of came_bucket and
-    adam_triton) and keep the fastest for the rest of the run; returns what was chosen."""
+    adam_triton), with each big kernel's share, and keep the fastest for the rest of the run."""
     from giga_train.optimizers.kernels import adam_triton, came_bucket
     timings = {}
     for config in CAME_CONFIGS:
         for n, v in zip(CAME_KNOBS, config):
             setattr(came_bucket, n, v)
+        factory = lambda ps: CAME8Bit(ps, lr=1e-4)  # noqa: E731
         try:
-            ms = bench_step("CAME8Bit", lambda ps: CAME8Bit(ps, lr=1e-4), shapes, device, warmup, steps)["step_ms"]
+            ms = bench_step("CAME8Bit", factory, shapes, device, warmup, steps)["step_ms"]
+            kernels = kernel_times(factory, shapes, device, 3) if device == "cuda" else {}
         except Exception as e:  # a configuration the compiler refuses is reported, not fatal
-            print(f"tune CAME8Bit {dict(zip(CAME_KNOBS, config))}: failed: {str(e)[:200]}", flush=True)
+            print(f"tune CAME8Bit {dict(zip(CAME_KNOBS, config))}: failed: {str(e)[:300]}", flush=True)
             continue
         timings[config] = ms
-        print(f"tune CAME8Bit {dict(zip(CAME_KNOBS, config))}: {ms:.3f} ms", flush=True)
+        parts = {b: sum(v for k, v in kernels.items() if b + "_kernel" in k) for b in BIG_KERNELS}
+        rest = sum(kernels.values()) - sum(parts.values())
+        print(f"tune CAME8Bit {dict(zip(CAME_KNOBS, config))}: {ms:.3f} ms; "
+              + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()) + f", rest {rest:.3f}", flush=True)
     best = min(timings, key=timings.get)
     for n, v in zip(CAME_KNOBS, best):
         setattr(came_bucket, n, v)
@@ -429,7 +456,7 @@ def main():
         rows.append(row)
     drift_shape = tuple(int(x) for x in args.drift_shape.split(",")) if args.size == "full" else (512, 64)
     drift = drift_table(device, drift_shape)
-    extra = {**kernel_agreement(device), **graph_check(device, shapes)}
+    extra = {**copy_bandwidth(device), **kernel_agreement(device), **graph_check(device, shapes)}
     if args.profile:
         extra.update(profile_kernels(device, shapes))
     card = torch.cuda.get_device_name() if device == "cuda" else "cpu"

@@ -114,22 +114,25 @@ def test_all_zero_blocks_stay_exact_zeros():
     assert torch.isfinite(p[0]).all()
 
 
-def test_code_table_is_a_signed_dynamic_map():
+def test_code_map_is_sqrt_companding():
     table = qmap.code_table()
     assert table.numel() == 256 and torch.all(table[1:] > table[:-1])
-    assert table[qmap.ZERO_CODE] == 0 and table[255] == 1.0
-    pos = table[128:255]
-    for (e, count), start in zip(qmap.DECADES, (0, 2, 10, 48)):  # equal bins inside each decade
-        gaps = pos[start:start + count].diff()
-        if count > 1:
-            torch.testing.assert_close(gaps, torch.full_like(gaps, 0.9 * 10.0 ** e / count), rtol=1e-4, atol=0)
-    x = torch.rand(10000) * 2 - 1
-    codes, absmax = qmap.quantize_blockwise(x, 2048)
-    y = qmap.dequantize_blockwise(codes, absmax, 2048)
-    # nearest code: no other code is closer to any value
-    dist = (x.view(-1, 1) / absmax.repeat_interleave(2048)[:10000, None] - table[None, :]).abs()
-    assert (dist.gather(1, codes.long()[:, None])[:, 0] - dist.min(1).values).max() < 1e-7
-    assert (x - y).abs().max() <= 0.9 / 79 / 2 * absmax.max() + 1e-6
+    assert table[qmap.ZERO_CODE] == 0 and table[254] == 1.0 and table[0] == -1.0
+    k = torch.arange(128, dtype=torch.float64)
+    torch.testing.assert_close(table[127:255].double(), (k / 127) ** 2, rtol=1e-7, atol=0)
+    torch.testing.assert_close(table[:127], -table[128:255].flip(0), rtol=0, atol=0)
+    gen = torch.Generator().manual_seed(0)
+    heavy = torch.randn(10000, generator=gen).mul(3).exp() * torch.randn(10000, generator=gen).sign()
+    for x in (torch.rand(10000, generator=gen) * 2 - 1, heavy):
+        codes, absmax = qmap.quantize_blockwise(x, 2048)
+        assert int(codes.max()) <= 254
+        y = qmap.dequantize_blockwise(codes, absmax, 2048)
+        scale = absmax.repeat_interleave(2048)[:10000]
+        # the nearest code in the sqrt domain, with the sign kept
+        s = (x / scale).abs().sqrt() * 127
+        assert ((codes.long() - 127).abs() - s).abs().max() <= 0.5 + 1e-4
+        assert torch.all((codes.long() - 127).sign() * x.sign() >= 0)
+        assert ((x - y).abs() / scale).max() <= 1 / 127 + 1e-6
 
 
 def test_state_dict_round_trip_changes_nothing():
@@ -152,6 +155,43 @@ def test_state_dict_round_trip_changes_nothing():
         run(ob, b, grads[3:])
         for x, y in zip(a, b):
             assert torch.equal(x, y), dtype
+
+
+def snapshot(opt, params):
+    state = {id(p): {k: v.clone() if torch.is_tensor(v) else v for k, v in opt.state[p].items()} for p in params}
+    return [p.detach().clone() for p in params], state
+
+
+def assert_unchanged(opt, params, snap):
+    before, state = snap
+    for p, b in zip(params, before):
+        assert torch.equal(p.detach(), b)
+        for k, v in state[id(p)].items():
+            assert torch.equal(opt.state[p][k], v), k
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_found_inf_skips_the_step_on_device(dtype):
+    """found_inf > 0: parameters and every state entry (step count too) stay as they were, with NaN
+    gradients; found_inf 0: the step is the one an optimizer without the flag takes."""
+    shapes = [(64, 512), (512,), (16, 8)]  # 8-bit moment, unfactored, fp32 moment
+    assert CAME8Bit.supports_found_inf
+    grads = grad_stream(shapes, 3)
+    a, b = make_params(shapes, dtype), make_params(shapes, dtype)
+    oa, ob = CAME8Bit(a, lr=1e-2, weight_decay=0.1), CAME8Bit(b, lr=1e-2, weight_decay=0.1)
+    run(oa, a, grads[:2])
+    run(ob, b, grads[:2])
+    ob.found_inf = torch.ones(1)
+    snap = snapshot(ob, b)
+    run(ob, b, [[torch.full(s, float("nan")) for s in shapes]])
+    assert_unchanged(ob, b, snap)
+    assert ob.state[b[0]]["step"].item() == 2
+    ob.found_inf.zero_()
+    run(oa, a, grads[2:])
+    run(ob, b, grads[2:])
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+    assert ob.state[b[0]]["step"].item() == 3
 
 
 def test_bf16_small_steps_survive_stochastic_rounding():

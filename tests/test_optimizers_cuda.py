@@ -33,11 +33,11 @@ def run_came(backend, dtype, steps=8, **kw):
 def test_came_kernels_match_torch_path(dtype):
     p0, pt, ot = run_came("torch", dtype)
     _, pk, ok = run_came("triton", dtype)
-    # bf16: two streams of stochastic-rounding noise, largest on the slow-moving 1-D weights
-    tol = 5e-4 if dtype == torch.float32 else 2e-2
+    # bf16: one noise stream (a hash of step and element) in both paths; fp16 rounds to nearest
+    tol = {torch.float32: 5e-4, torch.bfloat16: 5e-3, torch.float16: 2e-2}[dtype]
     for z, a, b in zip(p0, pt, pk):
         rel = ((a.float() - b.float()).norm() / (a.float() - z).norm()).item()
-        assert rel < (tol if a.dim() >= 2 or dtype != torch.bfloat16 else 0.15), (tuple(a.shape), rel)
+        assert rel < (tol if a.dim() >= 2 or dtype != torch.bfloat16 else 2e-2), (tuple(a.shape), rel)
     codes_t, codes_k = ot.state[pt[0]]["exp_avg_codes"], ok.state[pk[0]]["exp_avg_codes"]
     assert codes_k.dtype == torch.uint8
     if dtype == torch.float32:
@@ -71,6 +71,48 @@ def test_came_step_has_no_host_sync_and_captures_in_a_graph():
     torch.cuda.synchronize()
     for a, b in zip(before, ps):
         assert torch.isfinite(b).all() and (a != b).any(), "a replay updates every parameter"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_came_found_inf_is_read_on_the_device_inside_a_graph(dtype):
+    """A captured step replayed with found_inf = 1 changes nothing (kernels and the torch path of the
+    3x3 conv alike), with 0 it steps; setting the flag needs no host sync."""
+    ps = make_params(dtype)
+    for p in ps:
+        p.grad = (torch.randn_like(p.float()) * 1e-3).to(dtype)
+    opt = CAME8Bit(ps, lr=1e-3, weight_decay=0.1, block_size=256, min_8bit_size=4096)
+    opt.found_inf = torch.zeros(1, device="cuda")
+    opt.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        opt.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        opt.step()
+    torch.cuda.synchronize()
+    before = [p.detach().clone() for p in ps]
+    state = [{k: v.clone() for k, v in opt.state[p].items()} for p in ps]
+    opt.found_inf.fill_(1.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    for p, b, st in zip(ps, before, state):
+        assert torch.equal(p, b), tuple(p.shape)
+        for k, v in st.items():
+            assert torch.equal(opt.state[p][k], v), (tuple(p.shape), k)
+    opt.found_inf.fill_(0.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    for p, b, st in zip(ps, before, state):
+        assert (p != b).any(), tuple(p.shape)
+        assert opt.state[p]["step"].item() == st["step"].item() + 1
 
 
 def test_fused_adam_kernel_matches_torch_adamw():

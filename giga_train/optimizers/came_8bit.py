@@ -2,7 +2,8 @@
 
 Factored row/column second moments and confidence residuals (fp32) for 2-D weights and 1x1
 convs; the first moment of those with more than `min_8bit_size` elements is kept as 8-bit codes
-of a signed dynamic map in blocks of `block_size` consecutive elements, each with an fp32 absmax.
+of a signed square-root map (kernels/qmap.py) in blocks of `block_size` consecutive elements, each
+with an fp32 absmax.
 Other tensors keep fp32 state. On CUDA the step is a few fused Triton launches with no host sync
 (kernels/came_bucket.py); elsewhere, and for DTensor (FSDP2) shards, it is vectorised torch
 (kernels/came_torch.py) computing the same function, with whole-tensor statistics under sharding.
@@ -29,7 +30,13 @@ def _is_fsdp1_flat_param(p):
 
 @OPTIMIZERS.register
 class CAME8Bit(torch.optim.Optimizer):
-    """CAME with 8-bit blockwise first moment. `backend`: 'auto' (Triton on CUDA), 'torch', 'triton'."""
+    """CAME with 8-bit blockwise first moment. `backend`: 'auto' (Triton on CUDA), 'torch', 'triton'.
+
+    found_inf: when the attribute `found_inf` is set (a 1-element fp32 tensor on the parameters'
+    device, e.g. by the trainer's NaN guard) and holds a value > 0 at step time, the step leaves
+    parameters and all state, step count included, unchanged; decided on the device."""
+
+    supports_found_inf = True
 
     def __init__(self, params, lr, betas=(0.9, 0.999, 0.9999), eps=(1e-30, 1e-16), clip_threshold=1.0,
                  weight_decay=0.0, block_size=2048, min_8bit_size=16384):
@@ -79,6 +86,8 @@ class CAME8Bit(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        flag = self._found_inf()
+        skip = None if flag is None else flag.reshape(()) > 0
         for gi, group in enumerate(self.param_groups):
             kernel_work = {}
             for pi, p in enumerate(group["params"]):
@@ -92,14 +101,20 @@ class CAME8Bit(torch.optim.Optimizer):
                     came_torch.init_state(p, state, self.block_size, self.min_8bit_size)
                 kind = self._kernel_kind(p, state)
                 if kind is None:
-                    came_torch.came_step_(p, p.grad, state, group, self.block_size, self._generator(p, gi, pi))
+                    came_torch.came_step_(p, p.grad, state, group, self.block_size, (gi, pi), skip)
                 else:
-                    kernel_work.setdefault(kind, []).append(p)
-            for kind, params in kernel_work.items():
-                bucket = self._bucket(gi, kind, params)
-                seed = self._seed(self.state[params[0]]["step"], gi, 1 + (kind[0] == "vector"))
-                bucket.step([p.grad for p in params], group, seed)
+                    kernel_work.setdefault(kind, []).append((pi, p))
+            for kind, work in kernel_work.items():
+                bucket = self._bucket(gi, kind, work)
+                bucket.step([p.grad for _, p in work], group, flag)
         return loss
+
+    def _found_inf(self):
+        """The trainer's device flag (1-element fp32: > 0 skips the step), or None."""
+        flag = getattr(self, "found_inf", None)
+        if flag is not None and (not torch.is_tensor(flag) or flag.numel() != 1):
+            raise ValueError("CAME8Bit.found_inf must be a 1-element tensor on the parameters' device")
+        return flag
 
     def _kernel_kind(self, p, state):
         """Bucket key for the fused path, or None for the torch path."""
@@ -113,40 +128,29 @@ class CAME8Bit(torch.optim.Optimizer):
             return ("vector", p.dtype, g.dtype, False, p.device)
         return None
 
-    def _bucket(self, gi, kind, params):
+    def _bucket(self, gi, kind, work):
         from .kernels import came_bucket
         key = (gi, kind)
-        ids = tuple(id(p) for p in params)
+        ids = tuple(id(p) for _, p in work)
         cached = self._buckets.get(key)
         if cached is not None and cached[0] == ids and cached[1] == self._state_version:
             return cached[2]
+        params = [p for _, p in work]
         states = [self.state[p] for p in params]
+        positions = [(gi, pi) for pi, _ in work]
         if kind[0] == "factored":
-            bucket = came_bucket.FactoredBucket(params, states, self.block_size, kind[3])
+            bucket = came_bucket.FactoredBucket(params, states, positions, self.block_size, kind[3])
         else:
-            bucket = came_bucket.VectorBucket(params, states)
+            bucket = came_bucket.VectorBucket(params, states, positions)
         self._buckets[key] = (ids, self._state_version, bucket)
         return bucket
-
-    @staticmethod
-    def _seed(step, *where):
-        """Stochastic-rounding seed from the state's step and a position: a resumed run (whose state
-        holds the step) draws the same noise."""
-        seed = step
-        for w in where:
-            seed = seed * 1000003 + w
-        return seed & 0x7FFFFFFF
-
-    def _generator(self, p, gi, pi):
-        if p.dtype != torch.bfloat16:
-            return None
-        gen = torch.Generator(device=came_torch.local(p).device)
-        gen.manual_seed(self._seed(self.state[p]["step"], gi, pi))
-        return gen
 
     def load_state_dict(self, state_dict):
         """Load without torch's cast of every floating state tensor to the parameter's dtype: codes
         stay uint8 and statistics fp32 (see state_io)."""
         load_state_keep_dtypes(self, state_dict, super().load_state_dict)
+        for p, state in self.state.items():  # older checkpoints hold the step as a Python int
+            if "step" in state and not torch.is_tensor(state["step"]):
+                state["step"] = torch.tensor(float(state["step"]), device=came_torch.local(p).device)
         self._state_version += 1
         self._buckets.clear()

@@ -1,25 +1,30 @@
-"""Fused CAME over a bucket of tensors of one dtype: the launch sequence of came_triton's kernels.
+"""Fused CAME over a bucket of tensors of one dtype: the launch sequence of came_triton's and
+came_stats' kernels.
 
-A bucket keeps its statistics in a few flat buffers (every tensor's row, column, code and scale
-vectors side by side) and rebinds each parameter's state entries as views of them, so a whole
-step is ~15 launches whatever the number of tensors, with no host synchronisation.
+A bucket keeps its statistics in a few flat buffers (every tensor's row, column, code, scale and
+step entries side by side) and rebinds each parameter's state entries as views of them, so a
+whole step is ~14 launches whatever the number of tensors, with no host synchronisation.
 Parameters and gradients are reached through device tables of their addresses.
 """
 import torch
 
+from . import came_stats as S
 from . import came_triton as K
 from . import qmap
 from .came_torch import factored_view_shape
-from .multi_tensor import KIND, PointerTable, cdiv1, cumsum0, program_table, segments
+from .multi_tensor import KIND, OffsetTable, cdiv1, cumsum0, segments
 
 # Launch configuration: the fastest of bench/optimizers.py --tune on the H200 (bench/RESULTS.md)
-BR, BC, RC = 8, 128, 256    # reduction passes: BR x BC register tile, RC rows per program
+BR, BC, RC = 8, 128, 512    # reduction passes: BR x BC register tile, RC rows per program
 REDUCE_WARPS = 4
-UPDATE_WARPS = None         # None: by block size (8 elements a thread: 8 warps for 2048)
-TABLE_DECODE = True         # decode codes by a 256-entry table gather (else arithmetic)
+PREFETCH_REDUCE = True      # reduction passes load the next slab before working on the current
+UPDATE_WARPS = 8
+UPDATE_NB = 16              # 8-bit blocks per update program (consecutive, one tensor)
+PREFETCH_UPDATE = True      # the update loads the next block before working on the current
 SMALL_BLOCK = 1024
 VEC_BLOCK = 1024
 VECTOR_MAX_NUMEL = 1 << 16  # one program per unfactored tensor: keep those small
+ALIGN = 16                  # element offsets in the flat buffers: lets loads vectorise
 
 
 def kernel_block_size_ok(block_size):
@@ -38,11 +43,23 @@ def vector_eligible(p, grad):
             and grad.is_contiguous() and p.dtype in KIND and grad.dtype in KIND)
 
 
+def padded(n):
+    return -(-n // ALIGN) * ALIGN
+
+
+def update_programs(nblocks, per_program, device):
+    """int32 [#programs, 3]: (tensor, first block, count) with up to `per_program` blocks each."""
+    rows = [(k, b, min(per_program, n - b)) for k, n in enumerate(nblocks) for b in range(0, n, per_program)]
+    return torch.tensor(rows, dtype=torch.int32).reshape(-1, 3).to(device)
+
+
 class _Bucket:
-    def __init__(self, params, device):
+    def __init__(self, params, positions, device):
         self.params = list(params)
+        self.positions = list(positions)
         self.device = device
-        self.ptab, self.gtab = PointerTable(device), PointerTable(device)
+        self.ptab, self.gtab = OffsetTable(device), OffsetTable(device)
+        self.no_flag = torch.zeros(1, dtype=torch.float32, device=device)
 
     def _bind(self, state, key, flat, offset, numel):
         """Copy state[key] into flat[offset:offset+numel] and make the state entry that view."""
@@ -52,16 +69,24 @@ class _Bucket:
         state[key] = view.view(old.shape)
 
     def _tables(self, grads):
+        """(param base, offsets, grad base, offsets, aligned): base pointer arguments + offset tables."""
         ptab, gtab = self.ptab.update(self.params), self.gtab.update(grads)
-        return ptab, gtab, self.ptab.aligned() and self.gtab.aligned()
+        return self.params[0], ptab, grads[0], gtab, self.ptab.aligned() and self.gtab.aligned()
+
+    def _flag(self, found_inf):
+        if found_inf is None:
+            return self.no_flag
+        if found_inf.device != self.device or found_inf.dtype != torch.float32:
+            raise ValueError("CAME8Bit.found_inf must be a float32 tensor on the parameters' device")
+        return found_inf
 
 
 class FactoredBucket(_Bucket):
     """2-D weights (and 1x1 convs) of one dtype pair, 8-bit first moment or fp32."""
 
-    def __init__(self, params, states, block_size, quantized):
+    def __init__(self, params, states, positions, block_size, quantized):
         dev = params[0].device
-        super().__init__(params, dev)
+        super().__init__(params, positions, dev)
         self.states, self.block_size, self.quantized = states, block_size, quantized
         self.br, self.bc, self.rc = BR, BC, RC  # fixed at build: the scratch layout depends on them
         shapes = [factored_view_shape(p.shape) for p in params]
@@ -72,7 +97,8 @@ class FactoredBucket(_Bucket):
         row_chunks = [-(-r // RC) for r in rows]
         row_off, self.nrows = cumsum0(rows)
         col_off, self.ncols = cumsum0(cols)
-        el_off, nel = cumsum0(numels)
+        col2_off, ncol2 = cumsum0([padded(2 * c) for c in cols])
+        el_off, nel = cumsum0([padded(n) for n in numels])
         sc_off, self.nblocks = cumsum0(nblocks)
         rp_off, nrp = cumsum0([b * r for b, r in zip(col_blocks, rows)])
         cp_off, ncp = cumsum0([q * c for q, c in zip(row_chunks, cols)])
@@ -82,7 +108,7 @@ class FactoredBucket(_Bucket):
         self.mom = torch.empty(nel, dtype=torch.uint8 if quantized else torch.float32, device=dev)
         self.scales = torch.empty(self.nblocks if quantized else 1, **f32)
         n = len(params)
-        self.rms, self.clip = torch.empty(n, **f32), torch.empty(n, **f32)
+        self.rms, self.clip, self.steps = (torch.empty(n, **f32) for _ in range(3))
         for k, st in enumerate(states):
             self._bind(st, "exp_avg_sq_row", self.row, row_off[k], rows[k])
             self._bind(st, "exp_avg_res_row", self.res_row, row_off[k], rows[k])
@@ -95,106 +121,105 @@ class FactoredBucket(_Bucket):
                 self._bind(st, "exp_avg", self.mom, el_off[k], numels[k])
             self._bind(st, "RMS", self.rms, k, 1)
             self._bind(st, "clip_scale", self.clip, k, 1)
+            self._bind(st, "step", self.steps, k, 1)
         meta = [[rows[k], cols[k], row_off[k], col_off[k], el_off[k], sc_off[k], rp_off[k], cp_off[k],
-                 col_blocks[k], row_chunks[k]] for k in range(n)]
+                 col_blocks[k], row_chunks[k], col2_off[k], *positions[k]] for k in range(n)]
         self.meta = torch.tensor(meta, dtype=torch.int64, device=dev)
         tiles = [(k, cb, rc) for k in range(n) for rc in range(row_chunks[k]) for cb in range(col_blocks[k])]
         self.tiles = torch.tensor(tiles, dtype=torch.int32).reshape(-1, 3).to(dev)
-        self.blocks = program_table(nblocks, dev)
+        self.nb = UPDATE_NB
+        self.progs = update_programs(nblocks, self.nb, dev)
         self.row_segs, self.block_segs = segments(rows, dev), segments(nblocks, dev)
         self.row_tid = torch.repeat_interleave(torch.arange(n, dtype=torch.int32),
                                                torch.tensor(rows)).to(dev)
         self.col_tid = torch.repeat_interleave(torch.arange(n, dtype=torch.int32),
                                                torch.tensor(cols)).to(dev)
         self.numel = torch.tensor(numels, **f32)
-        self.cols_aligned = all(c % 16 == 0 for c in cols)
+        self.cols_aligned = all(c % ALIGN == 0 for c in cols)
         self.wide = all(c >= block_size for c in cols)
+        # _res_sums reads one block scale per row segment when no segment straddles two blocks
+        self.scale_row = all(c % BC == 0 for c in cols) and block_size % BC == 0
         # scratch, reused every step: partial sums, raw sums, 1/sqrt of the statistics
         self.rowpart, self.colpart = torch.empty(3, max(nrp, 1), **f32), torch.empty(3, max(ncp, 1), **f32)
         self.rawrow, self.rawcol = torch.empty(3, self.nrows, **f32), torch.empty(3, self.ncols, **f32)
-        self.rinv, self.cinv = torch.empty(self.nrows, **f32), torch.empty(self.ncols, **f32)
-        self.rrinv, self.rcinv = torch.empty(self.nrows, **f32), torch.empty(self.ncols, **f32)
+        self.rinv, self.rrinv = torch.empty(self.nrows, **f32), torch.empty(self.nrows, **f32)
+        self.cinv2, self.rcinv2 = torch.zeros(ncol2, **f32), torch.zeros(ncol2, **f32)
         self.rowsum, self.qsum, self.ressum, self.delta = (torch.empty(n, **f32) for _ in range(4))
         self.psq = torch.empty(self.nblocks, **f32)
-        self.qmap = qmap.code_table(dev)
 
-    def step(self, grads, group, seed):
+    def step(self, grads, group, found_inf=None):
         b1, b2, b3 = group["betas"]
         eps1, eps2 = group["eps"]
-        ptab, gtab, aligned = self._tables(grads)
+        pbase, ptab, gbase, gtab, aligned = self._tables(grads)
         aligned = aligned and self.cols_aligned
+        flag = self._flag(found_inf)
         n, nr, nc = len(self.params), self.nrows, self.ncols
-        pk, gk = KIND[self.params[0].dtype], KIND[grads[0].dtype]
+        pk = KIND[self.params[0].dtype]
         tiles = (self.tiles.shape[0],)
         small = lambda size: (cdiv1(size, SMALL_BLOCK),)  # noqa: E731
-        tile_args = dict(RC=self.rc, BR=self.br, BC=self.bc, num_warps=REDUCE_WARPS)
+        tile_args = dict(RC=self.rc, BR=self.br, BC=self.bc, PREFETCH=PREFETCH_REDUCE, num_warps=REDUCE_WARPS)
         rp, cp = self.rowpart.stride(0), self.colpart.stride(0)
 
         # second moments: row/column EMAs of g^2 + eps1, their 1/sqrt and row totals
-        K._sq_sums_kernel[tiles](gtab, self.meta, self.tiles, self.rowpart, self.colpart, eps1,
-                                 G_KIND=gk, ALIGNED=aligned, **tile_args)
-        K._ema_kernel[small(nr)](self.row, self.rinv, self.rowpart, self.row_tid, self.meta, nr, b2,
+        K._sq_sums_kernel[tiles](gbase, gtab, self.meta, self.tiles, self.rowpart, self.colpart, eps1,
+                                 ALIGNED=aligned, **tile_args)
+        S._ema_kernel[small(nr)](self.row, self.rinv, self.rowpart, self.row_tid, self.meta, flag, nr, b2,
                                  AXIS=0, BLOCK=SMALL_BLOCK)
-        K._ema_kernel[small(nc)](self.col, self.cinv, self.colpart, self.col_tid, self.meta, nc, b2,
+        S._ema_kernel[small(nc)](self.col, self.cinv2, self.colpart, self.col_tid, self.meta, flag, nc, b2,
                                  AXIS=1, BLOCK=SMALL_BLOCK)
-        K._segsum_kernel[(n,)](self.row, self.row_segs, self.rowsum, self.numel, RMS=False, BLOCK=SMALL_BLOCK)
+        S._segsum_kernel[(n,)](self.row, self.row_segs, self.rowsum, BLOCK=SMALL_BLOCK)
         # residual statistics, and the clip scale s from sum U^2
-        K._res_sums_kernel[tiles](gtab, self.meta, self.tiles, self.rinv, self.cinv, self.rowsum, self.clip,
-                                  self.mom, self.scales, self.qmap, self.rowpart, self.colpart, rp, cp, G_KIND=gk,
-                                  ALIGNED=aligned, QUANT=self.quantized, TABLE=TABLE_DECODE, BS=self.block_size,
-                                  **tile_args)
-        K._reduce_kernel[small(nr)](self.rawrow, self.rowpart, self.row_tid, self.meta, nr, rp,
+        K._res_sums_kernel[tiles](gbase, gtab, self.meta, self.tiles, self.rinv, self.cinv2, self.rowsum,
+                                  self.clip, self.mom, self.scales, self.rowpart, self.colpart, rp, cp,
+                                  ALIGNED=aligned, QUANT=self.quantized, SCALE_ROW=self.scale_row,
+                                  BS=self.block_size, **tile_args)
+        S._reduce_kernel[small(nr)](self.rawrow, self.rowpart, self.row_tid, self.meta, nr, rp,
                                     self.rawrow.stride(0), AXIS=0, NCH=3, BLOCK=SMALL_BLOCK)
-        K._reduce_kernel[small(nc)](self.rawcol, self.colpart, self.col_tid, self.meta, nc, cp,
+        S._reduce_kernel[small(nc)](self.rawcol, self.colpart, self.col_tid, self.meta, nc, cp,
                                     self.rawcol.stride(0), AXIS=1, NCH=3, BLOCK=SMALL_BLOCK)
-        K._segsum_kernel[(n,)](self.rawrow[2], self.row_segs, self.qsum, self.numel, RMS=False,
-                               BLOCK=SMALL_BLOCK)
-        K._clip_kernel[small(n)](self.qsum, self.numel, self.clip, self.delta, n, group["clip_threshold"],
+        S._segsum_kernel[(n,)](self.rawrow[2], self.row_segs, self.qsum, BLOCK=SMALL_BLOCK)
+        S._clip_kernel[small(n)](self.qsum, self.numel, self.clip, self.delta, flag, n, group["clip_threshold"],
                                  BLOCK=SMALL_BLOCK)
         for dst, inv, raw, tid, size, axis in ((self.res_row, self.rrinv, self.rawrow, self.row_tid, nr, 0),
-                                               (self.res_col, self.rcinv, self.rawcol, self.col_tid, nc, 1)):
-            K._res_ema_kernel[small(size)](dst, inv, raw, raw.stride(0), tid, self.delta, self.meta, size, b3,
+                                               (self.res_col, self.rcinv2, self.rawcol, self.col_tid, nc, 1)):
+            S._res_ema_kernel[small(size)](dst, inv, raw, raw.stride(0), tid, self.delta, self.meta, flag, size, b3,
                                            b1 * b1, eps2, AXIS=axis, BLOCK=SMALL_BLOCK)
-        K._segsum_kernel[(n,)](self.res_row, self.row_segs, self.ressum, self.numel, RMS=False,
-                               BLOCK=SMALL_BLOCK)
+        S._segsum_kernel[(n,)](self.res_row, self.row_segs, self.ressum, BLOCK=SMALL_BLOCK)
         # momentum, 8-bit codes and the parameters; then RMS(p) of the values before the update
-        K._update_kernel[(self.nblocks,)](ptab, gtab, self.meta, self.blocks, self.rinv, self.cinv, self.rowsum,
-                                          self.clip, self.rrinv, self.rcinv, self.ressum, self.mom,
-                                          self.scales, self.qmap, self.psq, group["lr"], group["weight_decay"], b1,
-                                          seed, P_KIND=pk, G_KIND=gk, ALIGNED=aligned, QUANT=self.quantized,
-                                          TABLE=TABLE_DECODE, WIDE=self.wide, STOCHASTIC=pk == 1,
-                                          BS=self.block_size,
-                                          num_warps=UPDATE_WARPS or max(4, min(16, self.block_size // 256)))
-        K._segsum_kernel[(n,)](self.psq, self.block_segs, self.rms, self.numel, RMS=True, BLOCK=SMALL_BLOCK)
-        for st in self.states:
-            st["step"] += 1
+        K._update_kernel[(self.progs.shape[0],)](
+            pbase, ptab, gbase, gtab, self.meta, self.progs, self.rinv, self.cinv2, self.rowsum, self.clip, self.rrinv,
+            self.rcinv2, self.ressum, self.mom, self.scales, self.psq, self.steps, flag, group["lr"],
+            group["weight_decay"], b1, P_KIND=pk, ALIGNED=aligned, QUANT=self.quantized,
+            WIDE=self.wide, BS=self.block_size, PREFETCH=PREFETCH_UPDATE and self.nb > 1, num_warps=UPDATE_WARPS)
+        S._finish_kernel[(n,)](self.psq, self.block_segs, self.numel, self.rms, self.steps, flag, BLOCK=SMALL_BLOCK)
 
 
 class VectorBucket(_Bucket):
     """Small unfactored tensors (biases, norm weights): full second moment, fp32 momentum."""
 
-    def __init__(self, params, states):
+    def __init__(self, params, states, positions):
         dev = params[0].device
-        super().__init__(params, dev)
+        super().__init__(params, positions, dev)
         self.states = states
         numels = [p.numel() for p in params]
-        off, total = cumsum0(numels)
+        off, total = cumsum0([padded(n) for n in numels])
         f32 = dict(dtype=torch.float32, device=dev)
-        self.v, self.m, self.rms = torch.empty(total, **f32), torch.empty(total, **f32), torch.empty(len(params), **f32)
+        self.v, self.m = torch.empty(total, **f32), torch.empty(total, **f32)
+        self.rms, self.steps = torch.empty(len(params), **f32), torch.empty(len(params), **f32)
         for k, st in enumerate(states):
             self._bind(st, "exp_avg_sq", self.v, off[k], numels[k])
             self._bind(st, "exp_avg", self.m, off[k], numels[k])
             self._bind(st, "RMS", self.rms, k, 1)
-        self.vmeta = torch.tensor([[numels[k], off[k]] for k in range(len(params))], dtype=torch.int64, device=dev)
+            self._bind(st, "step", self.steps, k, 1)
+        self.vmeta = torch.tensor([[numels[k], off[k], *positions[k]] for k in range(len(params))],
+                                  dtype=torch.int64, device=dev)
 
-    def step(self, grads, group, seed):
+    def step(self, grads, group, found_inf=None):
         b1, b2, _ = group["betas"]
-        ptab, gtab, aligned = self._tables(grads)
+        pbase, ptab, gbase, gtab, aligned = self._tables(grads)
         pk = KIND[self.params[0].dtype]
-        K._vector_kernel[(len(self.params),)](ptab, gtab, self.vmeta, self.v, self.m, self.rms, group["lr"],
-                                             group["weight_decay"], b1, b2, group["eps"][0],
-                                             group["clip_threshold"], seed, P_KIND=pk,
-                                             G_KIND=KIND[grads[0].dtype], ALIGNED=aligned,
-                                             STOCHASTIC=pk == 1, BLOCK=VEC_BLOCK, num_warps=4)
-        for st in self.states:
-            st["step"] += 1
+        K._vector_kernel[(len(self.params),)](pbase, ptab, gbase, gtab, self.vmeta, self.v, self.m, self.rms, self.steps,
+                                             self._flag(found_inf), group["lr"], group["weight_decay"], b1, b2,
+                                             group["eps"][0], group["clip_threshold"], P_KIND=pk,
+                                             ALIGNED=aligned, BLOCK=VEC_BLOCK,
+                                             num_warps=4)

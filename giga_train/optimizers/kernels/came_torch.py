@@ -11,7 +11,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import qmap
+from . import qmap, rounding
 
 try:
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -105,7 +105,9 @@ def init_state(param, state, block_size, min_8bit_size):
     dev = p.device
     gshape = sharding.global_shape
     fshape = factored_view_shape(gshape)
-    state["step"] = 0
+    # a device tensor, as in torch's capturable optimizers: a skipped step (found_inf) leaves it
+    # unchanged without a host read, and the rounding noise is keyed on it on the device
+    state["step"] = torch.zeros((), dtype=torch.float32, device=dev)
     state["RMS"] = torch.zeros((), dtype=torch.float32, device=dev)
     numel = math.prod(gshape)
     if fshape is not None:
@@ -130,22 +132,19 @@ def init_state(param, state, block_size, min_8bit_size):
     state["exp_avg"] = sharding.wrap(torch.zeros(p.shape, dtype=torch.float32, device=dev), gshape, True)
 
 
-def write_param_(p, value, generator=None):
-    """Store fp32 `value` into `p`: bf16 with stochastic rounding (small steps survive on
-    average), other dtypes by round-to-nearest."""
-    if p.dtype == torch.float32:
-        p.copy_(value)
-    elif p.dtype == torch.bfloat16:
-        bits = value.contiguous().view(torch.int32)
-        noise = torch.randint(0, 1 << 16, value.shape, dtype=torch.int32, device=value.device,
-                              generator=generator)
-        p.copy_(((bits + noise) & -65536).view(torch.float32))
-    else:
-        p.copy_(value)
+def commit_(dst, new, skip):
+    """dst = new, or dst unchanged where the device flag `skip` is set (no host read)."""
+    dst.copy_(new if skip is None else torch.where(skip, dst, new))
 
 
-def came_step_(param, grad, state, group, block_size, generator=None):
-    """One CAME step for one parameter (plain tensor or DTensor), in place."""
+def ema(old, x, beta):
+    return torch.mul(old, beta).add_(x, alpha=1 - beta)
+
+
+def came_step_(param, grad, state, group, block_size, position=(0, 0), skip=None):
+    """One CAME step for one parameter (plain tensor or DTensor), in place. `position` (group,
+    index) keys the bf16 rounding noise; `skip` (a device bool, or None) turns the step into a
+    no-op for parameter and state alike. Every state tensor is computed anew, then committed."""
     b1, b2, b3 = group["betas"]
     eps1, eps2 = group["eps"]
     lr, wd, clip = group["lr"], group["weight_decay"], group["clip_threshold"]
@@ -153,33 +152,38 @@ def came_step_(param, grad, state, group, block_size, generator=None):
     p, g = local(param), local(grad).float()
     numel = math.prod(sharding.global_shape)
     fshape = factored_view_shape(sharding.global_shape)
-    state["step"] += 1
+    key = rounding.seed_key(state["step"], *position) if p.dtype == torch.bfloat16 else None
+    commit_(state["step"], state["step"] + 1, skip)
     p32 = p.float()
     rows_sharded = sharding.sharded and fshape is not None and len(fshape) == 2
 
     if fshape is None:
         psq = sharding.sum_(p32.square().sum().reshape(1))
         v = local(state["exp_avg_sq"])
-        v.mul_(b2).add_(g * g + eps1, alpha=1 - b2)
-        update = v.rsqrt().mul_(g)
+        v_new = ema(v, g * g + eps1, b2)
+        commit_(v, v_new, skip)
+        update = v_new.rsqrt().mul_(g)
     else:
         g = g.reshape(factored_view_shape(p.shape))
         rows_global = fshape[-2]
         row, col = local(state["exp_avg_sq_row"]), local(state["exp_avg_sq_col"])
         sq = g * g + eps1
-        row.mul_(b2).add_(sq.mean(dim=-1), alpha=1 - b2)
+        row_new = ema(row, sq.mean(dim=-1), b2)
         # one all-reduce for the column sums, the row total and the parameter's square sum
-        red = torch.cat([sq.sum(dim=-2).reshape(-1), row.sum(dim=-1).reshape(-1), p32.square().sum().reshape(1)])
+        red = torch.cat([sq.sum(dim=-2).reshape(-1), row_new.sum(dim=-1).reshape(-1),
+                         p32.square().sum().reshape(1)])
         if rows_sharded:
             sharding.sum_(red)
         else:
             red[-1:] = sharding.sum_(red[-1:].clone())
         ncol = col.numel()
-        col.mul_(b2).add_(red[:ncol].view(col.shape) / rows_global, alpha=1 - b2)
+        col_new = ema(col, red[:ncol].view(col.shape) / rows_global, b2)
+        commit_(row, row_new, skip)
+        commit_(col, col_new, skip)
         row_mean = red[ncol:-1].view(row.shape[:-1] + (1,)) / rows_global
         psq = red[-1:]
-        r_factor = (row / row_mean).rsqrt_().unsqueeze(-1)
-        c_factor = col.unsqueeze(-2).rsqrt()
+        r_factor = (row_new / row_mean).rsqrt_().unsqueeze(-1)
+        c_factor = col_new.unsqueeze(-2).rsqrt()
         update = torch.mul(r_factor, c_factor).mul_(g)
 
     scale = sharding.sum_(update.square().sum().reshape(1)).div_(numel).sqrt_().div_(clip).clamp_(min=1.0)
@@ -189,31 +193,38 @@ def came_step_(param, grad, state, group, block_size, generator=None):
         codes, absmax = local(state["exp_avg_codes"]), local(state["exp_avg_scales"])
         exp_avg = qmap.dequantize_blockwise(codes, absmax, block_size).view(update.shape)
     else:
-        exp_avg = local(state["exp_avg"]).view(update.shape)
+        exp_avg_state = local(state["exp_avg"])
+        exp_avg = exp_avg_state.view(update.shape).clone()
     exp_avg.mul_(b1).add_(update, alpha=1 - b1)
 
     if fshape is None:
         update = exp_avg.clone()
     else:
-        state["clip_scale"].copy_(scale.view(()))
+        commit_(state["clip_scale"], scale.view(()), skip)
         res = (update - exp_avg).square_().add_(eps2)
         res_row, res_col = local(state["exp_avg_res_row"]), local(state["exp_avg_res_col"])
-        res_row.mul_(b3).add_(res.mean(dim=-1), alpha=1 - b3)
-        red = torch.cat([res.sum(dim=-2).reshape(-1), res_row.sum(dim=-1).reshape(-1)])
+        res_row_new = ema(res_row, res.mean(dim=-1), b3)
+        red = torch.cat([res.sum(dim=-2).reshape(-1), res_row_new.sum(dim=-1).reshape(-1)])
         if rows_sharded:
             sharding.sum_(red)
         ncol = res_col.numel()
-        res_col.mul_(b3).add_(red[:ncol].view(res_col.shape) / rows_global, alpha=1 - b3)
+        res_col_new = ema(res_col, red[:ncol].view(res_col.shape) / rows_global, b3)
+        commit_(res_row, res_row_new, skip)
+        commit_(res_col, res_col_new, skip)
         res_mean = red[ncol:].view(res_row.shape[:-1] + (1,)) / rows_global
-        res_approx = torch.mul((res_row / res_mean).rsqrt_().unsqueeze(-1), res_col.unsqueeze(-2).rsqrt())
+        res_approx = torch.mul((res_row_new / res_mean).rsqrt_().unsqueeze(-1), res_col_new.unsqueeze(-2).rsqrt())
         update = res_approx.mul_(exp_avg)
 
     if quantized:
         new_codes, new_absmax = qmap.quantize_blockwise(exp_avg.reshape(p.shape), block_size)
-        codes.copy_(new_codes)
-        absmax.copy_(new_absmax)
-    state["RMS"].copy_(psq.div(numel).sqrt_().view(()))
+        commit_(codes, new_codes, skip)
+        commit_(absmax, new_absmax, skip)
+    else:
+        commit_(exp_avg_state, exp_avg.view(exp_avg_state.shape), skip)
+    commit_(state["RMS"], psq.div(numel).sqrt_().view(()), skip)
     if wd != 0:
         p32 = p32.add(p32, alpha=-wd * lr)
-    p32 = p32.add(update.reshape(p.shape), alpha=-lr)
-    write_param_(p, p32, generator)
+    new_p = p32.add(update.reshape(p.shape), alpha=-lr)
+    if skip is not None:
+        new_p = torch.where(skip, p.float(), new_p)
+    rounding.write_param_(p, new_p, key)

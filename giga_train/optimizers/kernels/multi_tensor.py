@@ -52,6 +52,30 @@ class PointerTable:
         return all(p % 16 == 0 for p in self.host)
 
 
+class OffsetTable:
+    """Device int64 element offsets of same-dtype tensors from the first one (the kernels' base
+    pointer argument), uploaded again only when an address changes."""
+
+    def __init__(self, device):
+        self.device, self.host, self.table, self.diffs = device, None, None, None
+
+    def update(self, tensors):
+        ptrs = [t.data_ptr() for t in tensors]
+        if ptrs != self.host:
+            size = tensors[0].element_size()
+            self.diffs = [p - ptrs[0] for p in ptrs]
+            assert all(d % size == 0 for d in self.diffs), "tensors of one bucket share a dtype"
+            staging = torch.tensor([d // size for d in self.diffs], dtype=torch.int64,
+                                   pin_memory=self.device.type == "cuda")
+            self.table = staging.to(self.device, non_blocking=True)
+            self.host, self.size = ptrs, size
+        return self.table
+
+    def aligned(self):
+        """Every tensor 16-byte aligned at an offset of a multiple of 16 elements (the kernels' hint)."""
+        return self.host[0] % 16 == 0 and all(d % (16 * self.size) == 0 for d in self.diffs)
+
+
 def cdiv1(a, b):
     """Grid size for `a` elements in blocks of `b` (at least one program)."""
     return max(1, -(-a // b))

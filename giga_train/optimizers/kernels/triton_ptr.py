@@ -1,4 +1,4 @@
-"""The one Triton helper both fused optimizers share: a typed pointer read from a device address table."""
+"""Triton helpers of multi-tensor kernels: a tensor's pointer from a device table."""
 import triton
 import triton.language as tl
 
@@ -16,3 +16,14 @@ def table_ptr(tab, k, KIND: tl.constexpr, ALIGNED: tl.constexpr):
     else:
         ptr = addr.to(tl.pointer_type(tl.float32))
     return ptr
+
+
+@triton.jit
+def offset_ptr(BASE, OFF, k, ALIGNED: tl.constexpr):
+    """BASE (the bucket's first tensor) + entry k of the int64 element-offset table `OFF`. Unlike an
+    address cast from an integer, arithmetic on a pointer argument keeps Triton's alignment
+    analysis, so loads through it vectorise (16 bytes a thread) and 2-D tiles get row layouts."""
+    off = tl.load(OFF + k)
+    if ALIGNED:
+        off = tl.multiple_of(off, 16)
+    return BASE + off
