@@ -46,11 +46,9 @@ def test_came_kernels_match_torch_path(dtype):
             torch.testing.assert_close(ok.state[pk[0]][key], ot.state[pt[0]][key], rtol=1e-3, atol=1e-30)
 
 
-def test_came_step_has_no_host_sync_and_captures_in_a_graph():
-    ps = make_params(torch.float32)
-    for p in ps:
-        p.grad = torch.randn_like(p) * 1e-3
-    opt = CAME8Bit(ps, lr=1e-3)
+def step_without_sync_then_capture(opt):
+    """One warm-up step; one step under sync-debug 'error' (raises on any host sync); a side-stream
+    warm-up; then one step captured in a CUDA graph, which is returned (not yet replayed)."""
     opt.step()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -58,14 +56,23 @@ def test_came_step_has_no_host_sync_and_captures_in_a_graph():
         opt.step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         opt.step()
     torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         opt.step()
+    return graph
+
+
+def test_came_step_has_no_host_sync_and_captures_in_a_graph():
+    ps = make_params(torch.float32)
+    for p in ps:
+        p.grad = torch.randn_like(p) * 1e-3
+    opt = CAME8Bit(ps, lr=1e-3)
+    graph = step_without_sync_then_capture(opt)
     before = [p.detach().clone() for p in ps]
     graph.replay()
     torch.cuda.synchronize()
@@ -82,21 +89,7 @@ def test_came_found_inf_is_read_on_the_device_inside_a_graph(dtype):
         p.grad = (torch.randn_like(p.float()) * 1e-3).to(dtype)
     opt = CAME8Bit(ps, lr=1e-3, weight_decay=0.1, block_size=256, min_8bit_size=4096)
     opt.found_inf = torch.zeros(1, device="cuda")
-    opt.step()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        opt.step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        opt.step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        opt.step()
+    graph = step_without_sync_then_capture(opt)
     torch.cuda.synchronize()
     before = [p.detach().clone() for p in ps]
     state = [{k: v.clone() for k, v in opt.state[p].items()} for p in ps]

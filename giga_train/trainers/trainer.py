@@ -153,10 +153,9 @@ class Trainer:
                     if stopping:
                         self._settle_nan_guard(wait=True)  # raises TrainingStopped, the same on every rank
                     if preempted:
-                        self._settle_nan_guard(wait=True)
                         self.preempted = True
                         break
-                self._settle_nan_guard(wait=True)
+                self._settle_nan_guard(wait=True)  # also after a preemption: every rank is here
                 self.wait_for_checkpoint()  # latest() must see the save in flight
                 if not self.checkpoints.latest() or read_meta(self.checkpoints.latest())["step"] != self.step:
                     self.save_checkpoint()

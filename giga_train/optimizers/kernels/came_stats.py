@@ -71,16 +71,22 @@ def _reduce_kernel(DST, SRC, TID, META, n, SRC_STRIDE, DST_STRIDE, AXIS: tl.cons
 
 
 @triton.jit
-def _segsum_kernel(SRC, SEGS, DST, BLOCK: tl.constexpr):
-    """DST[k] = sum of SRC[SEGS[k]:SEGS[k+1]] (fixed order: deterministic)."""
-    k = tl.program_id(0)
+def _segment_sum(SRC, SEGS, k, BLOCK: tl.constexpr):
+    """The sum of SRC[SEGS[k]:SEGS[k+1]] (fixed order: deterministic)."""
     start = tl.load(SEGS + k)
     end = tl.load(SEGS + k + 1)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for o in range(start, end, BLOCK):
         idx = o + tl.arange(0, BLOCK)
         acc += tl.load(SRC + idx, mask=idx < end, other=0.0)
-    tl.store(DST + k, tl.sum(acc, axis=0))
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _segsum_kernel(SRC, SEGS, DST, BLOCK: tl.constexpr):
+    """DST[k] = sum of SRC[SEGS[k]:SEGS[k+1]]."""
+    k = tl.program_id(0)
+    tl.store(DST + k, _segment_sum(SRC, SEGS, k, BLOCK))
 
 
 @triton.jit
@@ -123,12 +129,7 @@ def _res_ema_kernel(DST, INV, RAW, RAW_STRIDE, TID, DELTA, META, FLAG, n, beta3,
 def _finish_kernel(PSQ, SEGS, NUMEL, RMS, STEP, FLAG, BLOCK: tl.constexpr):
     """Per tensor: RMS of the parameter before the update (from _update's block sums), step += 1."""
     k = tl.program_id(0)
-    start = tl.load(SEGS + k)
-    end = tl.load(SEGS + k + 1)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for o in range(start, end, BLOCK):
-        idx = o + tl.arange(0, BLOCK)
-        acc += tl.load(PSQ + idx, mask=idx < end, other=0.0)
+    total = _segment_sum(PSQ, SEGS, k, BLOCK)
     if tl.load(FLAG) <= 0.0:
-        tl.store(RMS + k, tl.sqrt(tl.sum(acc, axis=0) / tl.load(NUMEL + k)))
+        tl.store(RMS + k, tl.sqrt(total / tl.load(NUMEL + k)))
         tl.store(STEP + k, tl.load(STEP + k) + 1.0)
