@@ -102,14 +102,15 @@ def kernel_kind(name):
     return "other"
 
 
-def summarize_profile(prof, steps, wall_s, cuda, top=15):
+def summarize_profile(prof, steps, wall_s, cuda, top=25):
     """Top kernels (CUDA) or ops (CPU) by self time per step, the share of GEMM / attention / other,
     and how busy the device was over the profiled steps' wall time."""
     events = []
     for e in prof.key_averages():
         us = _self_time_us(e, cuda)
         on_device = not cuda or getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
-        if us > 0 and on_device:
+        # A range such as "Optimizer.step#AdamW.step" also appears on the device timeline: not a kernel.
+        if us > 0 and on_device and not getattr(e, "is_user_annotation", False):
             events.append((us, e.key, e.count))
     events.sort(reverse=True)
     total = sum(us for us, _, _ in events) or 1.0

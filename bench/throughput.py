@@ -1,8 +1,8 @@
 """Throughput of giga-train against a hand-written PyTorch loop doing the same work.
 
     python3 bench/throughput.py --size 1b --steps 30 [--compile] [--precision bf16|fp8|no]
-                                [--optimizer adamw|came8bit] [--paths giga,hand] [--profile]
-    python3 bench/throughput.py --suite h200            # the whole H200 table in one run (~8 min)
+                                [--optimizer adamw|came8bit] [--accumulate N] [--paths giga,hand] [--profile]
+    python3 bench/throughput.py --suite h200            # the whole H200 table in one run (~9 min)
     python3 bench/throughput.py --size tiny --device cpu --steps 4 --warmup 1   # CPU smoke run
 
 The model is bench/llama.py's Llama-style decoder at a named size (tiny, 1b, 8b, 8b8 = 8 blocks of the
@@ -10,7 +10,8 @@ The model is bench/llama.py's Llama-style decoder at a named size (tiny, 1b, 8b,
 synthetic token Dataset object, progress bar and logging off, one log step at the end). The hand path
 builds the same model at the same seed, reads the same batches through a pinned DataLoader, and runs
 autocast / backward / step / zero_grad itself, with the same compile (each Block, in place),
-activation checkpointing, float8 conversion (torchao, output head excluded) and optimizer.
+activation checkpointing, float8 conversion (torchao, output head excluded), gradient accumulation
+(`--accumulate` micro-batches per optimizer step) and optimizer.
 
 Both time the same window with bench/probe.py: device sync at the end of `--warmup` steps and after
 `--steps`; tokens/s over that window; MFU = tokens/s x model FLOPs per token (bench/llama.py) / 989
@@ -45,12 +46,14 @@ LR, WEIGHT_DECAY, SEED = 1e-4, 0.01, 0
 
 
 def row_spec(size, path, device="cuda", compile=False, precision="bf16", optimizer="adamw", steps=30, warmup=5,
-             profile_steps=0, expect_oom=False, budget_s=None, simulate=None, log_interval=None):
-    """One configuration of the bench (JSON-able: it is handed to a child process). `log_interval`: the
-    giga path's (default: one log line, after the timed steps)."""
+             profile_steps=0, expect_oom=False, budget_s=None, simulate=None, log_interval=None, accumulate=1,
+             batch=None):
+    """One configuration of the bench (JSON-able: it is handed to a child process). A step is one
+    optimizer step over `accumulate` micro-batches of `batch` sequences (None: the size's). `log_interval`:
+    the giga path's (default: one log line, after the timed steps)."""
     return dict(size=size, path=path, device=device, compile=compile, precision=precision, optimizer=optimizer,
                 steps=steps, warmup=warmup, profile_steps=profile_steps, expect_oom=expect_oom,
-                budget_s=budget_s, simulate=simulate, log_interval=log_interval)
+                budget_s=budget_s, simulate=simulate, log_interval=log_interval, accumulate=accumulate, batch=batch)
 
 
 def h200_suite():
@@ -58,14 +61,19 @@ def h200_suite():
     s = row_spec
     return [
         s("1b", "hand", budget_s=40), s("1b", "giga", budget_s=40),
-        s("1b", "hand", compile=True, budget_s=120), s("1b", "giga", compile=True, profile_steps=3, budget_s=90),
-        s("8b8", "giga", compile=True, steps=20, budget_s=100),
-        s("8b8", "giga", compile=True, precision="fp8", steps=20, budget_s=120),
-        s("13b", "giga", optimizer="came8bit", steps=4, warmup=2, budget_s=60),
-        s("13b", "giga", optimizer="adamw", steps=4, warmup=2, expect_oom=True, budget_s=45),
-        s("8b8", "hand", compile=True, steps=20, budget_s=60),
-        s("8b8", "hand", compile=True, precision="fp8", steps=20, budget_s=60),
-        s("8b", "giga", steps=4, warmup=2, budget_s=50),
+        s("1b", "hand", compile=True, budget_s=60), s("1b", "giga", compile=True, profile_steps=3, budget_s=90),
+        # The whole 8B, bf16 against fp8. CAME8Bit (~9 B/param, 72 GB) leaves room for micro-batches of
+        # 8 x 2048 tokens; AdamW's fp32 states (16 B/param, 128 GB) for 2 (x 2 accumulated).
+        *[s("8b", "giga", compile=True, precision=p, optimizer="came8bit", batch=8, steps=6, warmup=2,
+            profile_steps=int(p == "fp8"), budget_s=60) for p in ("bf16", "fp8")],
+        *[s("8b", "giga", compile=True, precision=p, batch=2, accumulate=2, steps=7, warmup=2,
+            profile_steps=int(p == "fp8"), budget_s=60) for p in ("bf16", "fp8")],
+        s("13b", "giga", optimizer="came8bit", steps=4, warmup=2, budget_s=50),
+        s("13b", "giga", optimizer="adamw", steps=4, warmup=2, expect_oom=True, budget_s=35),
+        *[s("8b", "hand", compile=True, precision=p, optimizer="came8bit", batch=8, steps=6, warmup=2, budget_s=50)
+          for p in ("bf16", "fp8")],
+        *[s("8b", "hand", compile=True, precision=p, batch=2, accumulate=2, steps=7, warmup=2, budget_s=50)
+          for p in ("bf16", "fp8")],
     ]
 
 
@@ -92,8 +100,8 @@ def build_optimizer(name, params, device):
     return CAME8Bit(params, **kwargs)
 
 
-def dataset_for(shape, steps):
-    return SyntheticTokens(size=shape.batch * (steps + 1), seq=shape.seq, vocab=shape.vocab, seed=SEED)
+def dataset_for(shape, steps, accumulate=1):
+    return SyntheticTokens(size=shape.batch * accumulate * (steps + 1), seq=shape.seq, vocab=shape.vocab, seed=SEED)
 
 
 class ThroughputTrainer(Trainer):
@@ -125,7 +133,8 @@ class ThroughputTrainer(Trainer):
 def giga_config(spec, shape, device, project_dir):
     probe_steps = spec["steps"] + spec["profile_steps"]
     train = dict(max_steps=probe_steps, log_interval=spec.get("log_interval") or probe_steps, progress_bar=False,
-                 log_with="none", mixed_precision=spec["precision"], seed=SEED, resume=False)
+                 log_with="none", mixed_precision=spec["precision"], seed=SEED, resume=False,
+                 gradient_accumulation_steps=spec["accumulate"])
     if shape.checkpointing:
         train.update(activation_checkpointing=True, activation_class_names=["Block"])
     if spec["compile"]:
@@ -133,7 +142,8 @@ def giga_config(spec, shape, device, project_dir):
     launch = dict(distributed_type="NO", **({"gpu_ids": [device.index or 0]} if device.type == "cuda" else {}))
     return dict(
         runners=["bench.throughput.ThroughputTrainer"], project_dir=project_dir, launch=launch,
-        dataloaders=dict(train=dict(data_or_config=dataset_for(shape, probe_steps), batch_size_per_gpu=shape.batch,
+        dataloaders=dict(train=dict(data_or_config=dataset_for(shape, probe_steps, spec["accumulate"]),
+                                    batch_size_per_gpu=shape.batch,
                                     num_workers=0, sampler=dict(type="DefaultSampler", shuffle=False))),
         models=dict(shape=shape.to_dict(), bench=dict(warmup=spec["warmup"], steps=spec["steps"],
                                                       profile_steps=spec["profile_steps"])),
@@ -168,20 +178,22 @@ def run_hand(spec, shape, device):
             block.compile()
     optimizer = build_optimizer(spec["optimizer"], model.parameters(), device)
     probe = StepProbe(device, spec["warmup"], spec["steps"], spec["profile_steps"])
-    loader = torch.utils.data.DataLoader(dataset_for(shape, probe.total_steps), batch_size=shape.batch,
+    accumulate = spec["accumulate"]
+    loader = torch.utils.data.DataLoader(dataset_for(shape, probe.total_steps, accumulate), batch_size=shape.batch,
                                          pin_memory=device.type == "cuda")
     dtype = autocast_dtype(spec["precision"])
     losses = []
     batches = iter(loader)
     for step in range(probe.total_steps):
         probe.before_step(step)
-        tokens = next(batches)["tokens"].to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            loss = model(tokens)
-        loss.backward()
+        for _ in range(accumulate):
+            tokens = next(batches)["tokens"].to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                loss = model(tokens)
+            (loss / accumulate).backward()
+            losses.append(loss.detach())  # per micro-batch, as the giga path's forward_step records them
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
         probe.after_step(step + 1)
     return losses, probe
 
@@ -194,9 +206,9 @@ def _is_oom(error):
 def run_row(spec):
     """Run one configuration here and return its row (an OOM is a row with status "OOM")."""
     device = torch.device(spec["device"])
-    shape = shape_of(spec["size"])
+    shape = shape_of(spec["size"], batch=spec.get("batch"))
     row = dict(spec, status="ok", params=shape.params(), flops_per_token=shape.flops_per_token(),
-               tokens_per_step=shape.batch * shape.seq, checkpointing=shape.checkpointing)
+               tokens_per_step=shape.batch * shape.seq * spec["accumulate"], checkpointing=shape.checkpointing)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
@@ -205,7 +217,7 @@ def run_row(spec):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 52.00 GiB (simulated)")
         losses, probe = (run_giga if spec["path"] == "giga" else run_hand)(spec, shape, device)
         values = torch.stack(losses).float().tolist()
-        row.update(probe.result(row["tokens_per_step"]), losses=values[:spec["steps"]])
+        row.update(probe.result(row["tokens_per_step"]), losses=values[:spec["steps"] * spec["accumulate"]])
         row["finite"] = all(v == v and abs(v) != float("inf") for v in values)
         if device.type == "cuda":
             row["mfu"] = row["tokens_per_s"] * shape.flops_per_token() / H200_BF16_FLOPS
@@ -296,9 +308,15 @@ def run_rows(specs, budget_s, row_timeout_s, cold_compile, out, meta, log_dir=No
 
 
 # -- the report ---------------------------------------------------------------------------------
+def batch_label(spec):
+    """Sequences per step: "8", or "2x2" for 2 micro-batches of 2 accumulated."""
+    batch, accumulate = spec.get("batch") or SHAPES[spec["size"]].batch, spec.get("accumulate", 1)
+    return f"{batch}x{accumulate}" if accumulate > 1 else str(batch)
+
+
 def row_name(spec):
     mode = "compiled" if spec["compile"] else "eager"
-    return f"{spec['size']} {spec['precision']} {mode} {spec['optimizer']} {spec['path']}"
+    return f"{spec['size']} {spec['precision']} {mode} {spec['optimizer']} batch {batch_label(spec)} {spec['path']}"
 
 
 def _status_line(row):
@@ -309,7 +327,7 @@ def _status_line(row):
 
 
 def _key(row, **changes):
-    fields = ("size", "device", "compile", "precision", "optimizer", "path")
+    fields = ("size", "device", "compile", "precision", "optimizer", "accumulate", "batch", "path")
     return tuple(changes.get(f, row.get(f)) for f in fields)
 
 
@@ -343,10 +361,10 @@ def targets(rows):
                           f"{r['ours_over_hand']:.3f}", ">= 0.99", r["ours_over_hand"] >= 0.99))
         if r["compile"] and r.get("mfu") is not None:
             found.append(("MFU 1b bf16 compiled", f"{100 * r['mfu']:.1f}%", ">= 50%", r["mfu"] >= 0.50))
-    for r in pick(size="8b8", path="giga", precision="fp8", status="ok"):
+    for r in pick(size="8b", path="giga", precision="fp8", status="ok"):
         if "fp8_over_bf16" in r:
-            found.append(("fp8 / bf16 tokens/s, 8 blocks of 8B", f"{r['fp8_over_bf16']:.2f}x", ">= 1.3x",
-                          r["fp8_over_bf16"] >= 1.3))
+            found.append((f"fp8 / bf16 tokens/s, 8B, {r['optimizer']}, batch {batch_label(r)}",
+                          f"{r['fp8_over_bf16']:.2f}x", ">= 1.3x", r["fp8_over_bf16"] >= 1.3))
     for r in pick(size="13b", path="giga"):
         if r["optimizer"] == "came8bit":
             found.append(("13b trains with CAME8Bit", r["status"] + (f", peak {r['peak_gb']:.1f} GB" if r.get("peak_gb")
@@ -387,16 +405,16 @@ def report(rows, meta, out):
         print(f"- {GPU_ANCHORS}")
     print(f"\n{meta['card']}, torch {meta['torch']}, torchao {meta['torchao']}, {meta['date']}; MFU against"
           f" {H200_BF16_FLOPS / 1e12:.0f} TFLOP/s; written to {out}")
-    print("| size | precision | compile | optimizer | path | tokens/s | MFU | ours/hand | fp8/bf16 | peak GB |"
+    print("| size | batch | precision | compile | optimizer | path | tokens/s | MFU | ours/hand | fp8/bf16 | peak GB |"
           " compile s | syncs | loss (first, last) | status |")
-    print("|" + "---|" * 14)
+    print("|" + "---|" * 15)
     for r in rows:
         ok = r["status"] == "ok"
         status = r["status"] + (" (expected)" if r.get("expect_oom") and r["status"] == "OOM" else "")
         if not ok and r.get("error") and r["status"] != "OOM":
             status += f": {r['error'][:80]}"
         losses = r.get("losses") or []
-        print(f"| {r['size']} | {r['precision']} | {'per block' if r['compile'] else 'eager'} | {r['optimizer']} |"
+        print(f"| {r['size']} | {batch_label(r)} | {r['precision']} | {'per block' if r['compile'] else 'eager'} | {r['optimizer']} |"
               f" {'giga-train' if r['path'] == 'giga' else 'hand-written'} |"
               f" {_fmt(r.get('tokens_per_s'), '{:,.0f}')} | {_fmt(r.get('mfu'), '{:.1%}')} |"
               f" {_fmt(r.get('ours_over_hand'), '{:.3f}')} | {_fmt(r.get('fp8_over_bf16'), '{:.2f}x')} |"
@@ -427,11 +445,13 @@ def main(argv=None):
     parser.add_argument("--compile", action="store_true", help="compile each Block (train.dynamo_config)")
     parser.add_argument("--precision", default="bf16", choices=("no", "bf16", "fp8"))
     parser.add_argument("--optimizer", default="adamw", choices=("adamw", "came8bit"))
+    parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
+    parser.add_argument("--batch", type=int, default=None, help="sequences per micro-batch (default: the size's)")
     parser.add_argument("--steps", type=int, default=30, help="steps timed up to (warm-up included)")
     parser.add_argument("--warmup", type=int, default=5, help="first steps left out of the timing")
     parser.add_argument("--profile", type=int, nargs="?", const=3, default=0,
                         help="profile N steps after the timed ones and list the top kernels (default 3)")
-    parser.add_argument("--budget", type=float, default=None, help="seconds for all rows (suite: 520)")
+    parser.add_argument("--budget", type=float, default=None, help="seconds for all rows (suite: 540)")
     parser.add_argument("--row-timeout", type=float, default=300)
     parser.add_argument("--cold-compile", action="store_true", help="a fresh inductor cache for each row")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "throughput.json"))
@@ -442,14 +462,15 @@ def main(argv=None):
     if args.row:
         return child_main(args.row, args.row_out)
     if args.suite:
-        specs, budget = h200_suite(), args.budget or 520
+        specs, budget = h200_suite(), args.budget or 540
     else:
         if args.size not in SHAPES:
             parser.error(f"--size: {args.size!r} is not one of {', '.join(SHAPES)}")
         if not 1 <= args.warmup < args.steps:
             parser.error("need 1 <= --warmup < --steps")
         specs = [row_spec(args.size, path.strip(), device=args.device, compile=args.compile, precision=args.precision,
-                          optimizer=args.optimizer, steps=args.steps, warmup=args.warmup, profile_steps=args.profile)
+                          optimizer=args.optimizer, steps=args.steps, warmup=args.warmup, profile_steps=args.profile,
+                          accumulate=args.accumulate, batch=args.batch)
                  for path in args.paths.split(",")]
         budget = args.budget
     meta = meta_info()

@@ -24,7 +24,7 @@ def test_both_paths_run_with_equal_losses_and_the_json_has_the_fields(tmp_path, 
     assert rows["giga"]["loss_max_rel_diff"] <= 1e-6 and rows["giga"]["ours_over_hand"] > 0
     assert rows["giga"]["losses"][0] != rows["giga"]["losses"][-1], "the optimizer must have stepped"
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("| tiny | no | eager | adamw | hand-written |"), last
+    assert last.startswith("| tiny | 2 | no | eager | adamw | hand-written |"), last
 
 
 def test_an_oom_is_a_row_not_a_crash():
@@ -51,7 +51,7 @@ def test_rows_past_the_budget_are_skipped_and_the_report_marks_expected_ooms(tmp
     meta = dict(card="H200", torch="x", torchao="y", date="d")
     bench.report(rows + [oom], meta, str(out))
     printed = capsys.readouterr().out
-    assert "| 13b | bf16 | eager | adamw | giga-train |" in printed and "OOM (expected)" in printed
+    assert "| 13b | 1 | bf16 | eager | adamw | giga-train |" in printed and "OOM (expected)" in printed
     assert "13b with AdamW fp32 states does not fit: OOM (target OOM) PASS" in printed
     assert [r["status"] for r in json.loads(out.read_text())["rows"]] == ["skipped", "OOM"]
 
@@ -61,10 +61,10 @@ def test_targets_compare_ours_with_hand_and_fp8_with_bf16():
         return dict(bench.row_spec(size, path, compile=compile, precision=precision), status="ok",
                     tokens_per_s=tokens, losses=[1.0], mfu=0.51)
     rows = bench.add_comparisons([ok("1b", "giga", 98.0), ok("1b", "hand", 100.0),
-                                  ok("8b8", "giga", 100.0), ok("8b8", "giga", 131.0, precision="fp8")])
+                                  ok("8b", "giga", 100.0), ok("8b", "giga", 131.0, precision="fp8")])
     found = {what: passed for what, _, _, passed in bench.targets(rows)}
     assert found == {"overhead 1b compiled: ours/hand tokens/s": False, "MFU 1b bf16 compiled": True,
-                     "fp8 / bf16 tokens/s, 8 blocks of 8B": True}
+                     "fp8 / bf16 tokens/s, 8B, adamw, batch 1": True}
 
 
 def test_flop_count_matches_the_gpu_anchor():
@@ -74,3 +74,16 @@ def test_flop_count_matches_the_gpu_anchor():
     assert 81.7e3 * flops / 989e12 == pytest.approx(0.507, abs=0.001)
     assert SHAPES["13b"].params() == pytest.approx(13.0e9, rel=0.01)
     assert SHAPES["8b"].params() == pytest.approx(8.03e9, rel=0.01)
+
+
+def test_gradient_accumulation_gives_equal_losses_in_both_paths(tmp_path):
+    out = tmp_path / "throughput.json"
+    assert bench.main(["--size", "tiny", "--device", "cpu", "--precision", "no", "--steps", "3", "--warmup", "1",
+                       "--accumulate", "2", "--out", str(out)]) == 0
+    rows = {r["path"]: r for r in json.loads(out.read_text())["rows"]}
+    tiny = SHAPES["tiny"]
+    for r in rows.values():
+        assert r["status"] == "ok" and len(r["losses"]) == 6, r  # one per micro-batch
+        assert r["tokens_per_step"] == 2 * tiny.batch * tiny.seq
+    assert rows["giga"]["losses"] == pytest.approx(rows["hand"]["losses"], rel=1e-6)
+    assert rows["giga"]["losses"][0] != rows["giga"]["losses"][2], "distinct batches, and a step between"
