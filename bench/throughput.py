@@ -310,7 +310,7 @@ def run_rows(specs, budget_s, row_timeout_s, cold_compile, out, meta, log_dir=No
 # -- the report ---------------------------------------------------------------------------------
 def batch_label(spec):
     """Sequences per step: "8", or "2x2" for 2 micro-batches of 2 accumulated."""
-    batch, accumulate = spec.get("batch") or SHAPES[spec["size"]].batch, spec.get("accumulate", 1)
+    batch, accumulate = shape_of(spec["size"], batch=spec.get("batch")).batch, spec.get("accumulate", 1)
     return f"{batch}x{accumulate}" if accumulate > 1 else str(batch)
 
 
