@@ -7,9 +7,9 @@ from .distributed.launch import launch_from_config
 from .errors import ConfigError
 from .module_dict import ModuleDict
 from .registry import DATASETS, OPTIMIZERS, SAMPLERS, SCHEDULERS, TRANSFORMS
-from .trainers import Trainer
+from .trainers import Tester, Trainer
 
 __version__ = "0.1.0"
 
-__all__ = ["Trainer", "ModuleDict", "launch_from_config", "load_config", "setup_environment", "Config",
+__all__ = ["Trainer", "Tester", "ModuleDict", "launch_from_config", "load_config", "setup_environment", "Config",
            "ConfigError", "DefaultSampler", "TRANSFORMS", "DATASETS", "SAMPLERS", "OPTIMIZERS", "SCHEDULERS"]

@@ -33,7 +33,7 @@ def main(argv=None):
             print(f"{args.config}: ok ({', '.join(cfg.runners)})")
             return 0
         from .distributed.launch import launch_from_config
-        launch_from_config(args.config, args.overrides)
+        launch_from_config(args.config, overrides=args.overrides)
     except (ConfigError, RegistryError, ValueError) as e:
         print(f"giga-train: error: {e}", file=sys.stderr)
         return 2

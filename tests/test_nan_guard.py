@@ -57,7 +57,7 @@ def test_skip_equals_a_run_without_those_batches(tmp_path, monkeypatch):
     assert nan_run.scheduler.last_epoch == dropped.scheduler.last_epoch == 6
     text = (tmp_path / "nan" / "logs" / "train.log").read_text()
     assert "step 3: non-finite loss and grad_norm; skipped the update (1 in a row" in text
-    assert "step 4 | loss nan" not in text and "nan_skipped 1" in text
+    assert "step 4 | total_loss nan" not in text and "nan_skipped 1" in text
 
 
 @pytest.mark.parametrize("optimizer", [None, DEVICE_SKIP["FusedAdam"][0]], ids=["host", "device"])
@@ -241,7 +241,7 @@ def test_device_skip_equals_the_host_skip(tmp_path, monkeypatch, name):
     assert "step 6: non-finite grad_norm; skipped the update (1 in a row, train.max_nan_steps=10)" in lines
     window = [line for line in lines if line.startswith("step 4 |")]  # steps 3 and 4: both skipped, no loss
     assert window and window[0].startswith("step 4 | grad_norm nan | lr") and window[0].endswith("nan_skipped 2")
-    assert [line for line in lines if line.startswith("step 6 |")][0].startswith("step 6 | loss ")
+    assert [line for line in lines if line.startswith("step 6 |")][0].startswith("step 6 | total_loss ")
     assert_equal(weights(tmp_path / "device", 5), weights(tmp_path / "host", 5))
 
 

@@ -41,8 +41,8 @@ def test_named_losses_are_summed_and_module_dict_dispatches(tmp_path):
     cfg = tiny_config(tmp_path, max_steps=4, log_interval=2, checkpoint_interval=4,
                       runner="tests.tiny.DictLossTrainer")
     trainer = launch_from_config(cfg)
-    assert set(trainer.last_metrics) >= {"lm", "aux", "loss", "lr", "grad_norm", "step_time", "samples_per_sec"}
-    assert trainer.last_metrics["loss"] == pytest.approx(trainer.last_metrics["lm"] + trainer.last_metrics["aux"],
+    assert set(trainer.last_metrics) >= {"lm", "aux", "total_loss", "lr", "grad_norm", "step_time", "samples_per_sec"}
+    assert trainer.last_metrics["total_loss"] == pytest.approx(trainer.last_metrics["lm"] + trainer.last_metrics["aux"],
                                                          rel=1e-5)
     files = sorted(os.listdir(tmp_path / "models" / "checkpoint_epoch_0_step_4" / "model"))
     assert files == ["aux.safetensors", "lm.safetensors"]
@@ -101,7 +101,7 @@ def test_max_epochs_counts_batches(tmp_path):
     del cfg["train"]["max_steps"]
     cfg["dataloaders"]["train"]["data_or_config"]["max_bytes"] = 4_000
     trainer = launch_from_config(cfg)
-    batches = -(-len(trainer.data.dataset) // 8)
+    batches = -(-len(trainer.dataloader.dataset) // 8)
     assert trainer.step == batches // 2 and len(trainer.losses) == trainer.step * 2
 
 
@@ -125,4 +125,4 @@ def test_trainer_without_methods_says_what_is_missing(tmp_path):
         pass
     cfg = tiny_config(tmp_path)
     with pytest.raises(NotImplementedError, match="must define get_models"):
-        Bare(cfg)
+        Bare.load(cfg)

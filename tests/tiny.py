@@ -205,10 +205,10 @@ def late_flags(steps):
 class LateSettleNanTrainer(NanTrainer):
     """NanTrainer whose device flags settle late on one rank: GT_SETTLE_LATE="RANK:STEPS"."""
 
-    def __init__(self, config):
+    def __init__(self, project_dir, **train):
         import os
         from giga_train.trainers import nan_guard
         rank, _, steps = os.environ.get("GT_SETTLE_LATE", ":").partition(":")
-        super().__init__(config)
+        super().__init__(project_dir, **train)
         if rank and int(rank) == self.rank:
             nan_guard.StepFlags = late_flags(int(steps))

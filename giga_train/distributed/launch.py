@@ -26,14 +26,38 @@ def started_by_a_launcher(world_size):
     return os.environ.get("SLURM_NTASKS", "") == str(world_size) and world_size > 1 and "SLURM_PROCID" in os.environ
 
 
-def launch_from_config(config, overrides=()):
-    """Run every runner of `config` (a path, module path or dict). Returns the main rank's summary."""
+def launch_from_config(config, runners=None, gpu_memory=None, seconds=10, overrides=()):
+    """Run the runners of `config` (a path, module path or dict; `runners`: others, a list or a comma-separated
+    string, as GigaTrain's); `gpu_memory` (MB): first wait until each GPU of launch.gpu_ids has that much
+    free, checking every `seconds`. Returns the main rank's summary (the runner itself in one process)."""
     cfg = load_config(config, overrides)
+    if runners is not None:
+        cfg.runners = runners.split(",") if isinstance(runners, str) else list(runners)
     validated_runners(cfg)
+    if gpu_memory is not None:
+        wait_for_gpu_memory(cfg.launch.gpu_ids, gpu_memory, seconds)
     world_size = world_size_of(cfg.launch)
     if world_size == 1 or started_by_a_launcher(world_size):
         return run_runners(cfg)
     return spawn(cfg, world_size)
+
+
+def wait_for_gpu_memory(gpu_ids, megabytes, seconds):
+    """Block until each of `gpu_ids` has `megabytes` free (one line per wait), polling every `seconds`."""
+    import time
+
+    import torch
+    gpu_ids = [g for ids in gpu_ids for g in (ids if isinstance(ids, (list, tuple)) else [ids])] if gpu_ids else []
+    if not gpu_ids:
+        return
+    while True:
+        free = {g: torch.cuda.mem_get_info(g)[0] / 2**20 for g in gpu_ids}
+        short = {g: f for g, f in free.items() if f < megabytes}
+        if not short:
+            return
+        log.info("waiting for %d MB free on GPU %s (free now: %s)", megabytes, ", ".join(map(str, short)),
+                 ", ".join(f"{f:.0f} MB" for f in short.values()))
+        time.sleep(seconds)
 
 
 def spawn(cfg, world_size):

@@ -31,13 +31,20 @@ def plan_blocks(model, train, fsdp_config):
     return BlockPlan(checkpointed, compiled)
 
 
-def parallelize(model, strategy, train, fsdp_config, make_optimizer):
+def parallelize(model, strategy, train, fsdp_config, make_optimizer, checkpoint=None, float8=None):
     """Transform `model` as the train config says and hand it to `strategy`; returns (model, optimizer).
-    `make_optimizer(module)` builds the optimizer over the module the engine steps."""
+    `make_optimizer(module)` builds the optimizer over the module the engine steps. `checkpoint(model)` and
+    `float8(model)` replace the default activation checkpointing and fp8 conversion (the Trainer's hooks,
+    which a project may override); either order of the two works: checkpointing wraps a block's forward,
+    which looks its Linears up when it runs."""
     plan = plan_blocks(model, train, fsdp_config)
-    if train.mixed_precision == "fp8":
+    if float8 is not None:
+        float8(model)
+    elif train.mixed_precision == "fp8":
         convert_to_float8(model, train.fp8_config, fsdp2=strategy.gathers_float8_weights())
-    if plan.checkpointed:
+    if checkpoint is not None:
+        checkpoint(model)
+    elif plan.checkpointed:
         apply_activation_checkpointing(model, plan.checkpointed)
     if plan.compiled is not None:
         compile_model(model, train.dynamo_config, plan.compiled)

@@ -7,8 +7,8 @@ import time
 from tqdm import tqdm
 
 
-def text_logger(log_dir, is_main):
-    """`giga_train` logger: console and `{log_dir}/train.log` on the main rank, silent elsewhere."""
+def text_logger(log_dir, is_main, file_name="train.log"):
+    """`giga_train` logger: console and `{log_dir}/{file_name}` on the main rank, silent elsewhere."""
     logger = logging.getLogger("giga_train")
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
@@ -18,7 +18,7 @@ def text_logger(log_dir, is_main):
     if is_main:
         os.makedirs(log_dir, exist_ok=True)
         fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
-        file_handler = logging.FileHandler(os.path.join(log_dir, "train.log"))
+        file_handler = logging.FileHandler(os.path.join(log_dir, file_name))
         file_handler.setFormatter(fmt)
         logger.addHandler(file_handler)
         console = _TqdmHandler()
@@ -65,7 +65,7 @@ class MetricLogger:
         parts = " | ".join(f"{k} {_fmt(v)}" for k, v in scalars.items())
         logging.getLogger("giga_train.metrics").info("step %d | %s", step, parts)
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{scalars.get('loss', float('nan')):.4f}", refresh=False)
+            self.bar.set_postfix(loss=f"{scalars.get('total_loss', float('nan')):.4f}", refresh=False)
         return scalars
 
     def advance(self, step):

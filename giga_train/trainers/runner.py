@@ -1,0 +1,151 @@
+"""What Trainer and Tester share (GigaTrain's runner surface): built by `load(config)` from the config
+section named by `SECTION`, given as keyword arguments; where the job runs; the properties a project reads;
+the logger."""
+import contextlib
+import contextvars
+import logging
+import os
+
+import torch
+
+from ..config import Config, load_config
+from ..distributed.env import setup_environment
+from ..errors import ConfigError
+from ..schema import validate_config
+from ..tracking import text_logger
+
+log = logging.getLogger("giga_train")
+_LOADING = contextvars.ContextVar("giga_train_loading", default=None)  # the whole config, during load()
+LOG_DIR_VARIABLE = "AIHC_TENSORBOARD_LOG_PATH"  # GigaTrain's: where logs go when logging_dir is not set
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
+
+
+def as_list(value):
+    """GigaTrain's as_list: a list as is, a tuple as a list, anything else in a list of one."""
+    return value if isinstance(value, list) else list(value) if isinstance(value, tuple) else [value]
+
+
+@contextlib.contextmanager
+def loading(config):
+    """While a runner is constructed by load(): its __init__ reads the rest of the config from here (the
+    constructor takes only its own section, as GigaTrain's does)."""
+    token = _LOADING.set(config)
+    try:
+        yield
+    finally:
+        _LOADING.reset(token)
+
+
+class Runner:
+    SECTION = "train"      # the config section that holds the constructor's keyword arguments
+    OWN_KEYWORDS = ()      # GigaTrain's named constructor arguments; other keys of the section -> self.kwargs
+
+    @classmethod
+    def load(cls, config_or_path):
+        """Build the runner from a config (a dict, a file, a module path, or a project folder holding the
+        config.json a run saved) and prepare it, as GigaTrain's load does."""
+        config = load_config(config_or_path)
+        validate_config(config)
+        with loading(config):
+            runner = cls(project_dir=config.project_dir, **config.get(cls.SECTION, {}))
+        runner.prepare(**runner.prepare_arguments(config))
+        return runner
+
+    def __init__(self, project_dir, **options):
+        config = _LOADING.get()
+        if config is None:
+            raise ConfigError(f"{type(self).__name__}(...): build runners with {type(self).__name__}.load(config)"
+                              " (the config names the launch, data and models as well)")
+        self.config = config
+        self.options = Config(options)  # this runner's section as given (defaults filled by the schema)
+        self.kwargs = {k: v for k, v in options.items() if k not in self.OWN_KEYWORDS}
+        self.env = setup_environment(config.launch)
+        self._project_dir = os.path.normpath(project_dir)
+        logging_dir = options.get("logging_dir") or os.environ.get(LOG_DIR_VARIABLE)
+        self._logging_dir = os.path.expanduser(os.path.expandvars(logging_dir)) if logging_dir else \
+            os.path.join(self._project_dir, "logs")
+        self.logger = text_logger(self._logging_dir, self.env.is_main, self.LOG_NAME)
+        self._dataloaders, self._models = [], []
+
+    def prepare_arguments(self, config):
+        raise NotImplementedError
+
+    # -- where the job runs ---------------------------------------------------------------------
+    @property
+    def project_dir(self):
+        return self._project_dir
+
+    @property
+    def logging_dir(self):
+        return self._logging_dir
+
+    @property
+    def model_dir(self):
+        return os.path.join(self._project_dir, "models")
+
+    @property
+    def distributed_type(self):
+        return self.config.launch.distributed_type
+
+    @property
+    def num_processes(self):
+        return self.env.world_size
+
+    @property
+    def process_index(self):
+        return self.env.rank
+
+    @property
+    def local_process_index(self):
+        return self.env.local_rank
+
+    @property
+    def is_main_process(self):
+        return self.env.is_main
+
+    @property
+    def is_local_main_process(self):
+        return self.env.local_rank == 0
+
+    @property
+    def is_last_process(self):
+        return self.env.rank == self.env.world_size - 1
+
+    @property
+    def device(self):
+        return self.env.device
+
+    @property
+    def mixed_precision(self):
+        return self.options.get("mixed_precision") or "no"
+
+    @property
+    def dtype(self):
+        """The autocast dtype (float32 without mixed precision)."""
+        return AUTOCAST_DTYPES.get(self.mixed_precision, torch.float32)
+
+    # -- what it holds --------------------------------------------------------------------------
+    @property
+    def dataloaders(self):
+        return self._dataloaders
+
+    @property
+    def dataloader(self):
+        return self._dataloaders[0]
+
+    @property
+    def models(self):
+        return self._models
+
+    @property
+    def model(self):
+        return self._models[0]
+
+    @property
+    def data_size(self):
+        return len(self.dataloader.dataset)
+
+    def print(self, msg, *args, **kwargs):
+        """Log on the main process only."""
+        if self.is_main_process:
+            self.logger.info(msg, *args, **kwargs)
