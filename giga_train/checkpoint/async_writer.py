@@ -68,7 +68,7 @@ class AsyncWriter:
             failures = self._gather(error)
             if not failures and self.is_main:
                 try:
-                    final = checkpointer.folders.commit(tmp, meta)
+                    final = checkpointer.commit(tmp, meta)
                     log.info("saved %s (%.2f s in the loop, %.1f s written in the background)", final,
                              written - start, time.perf_counter() - written)
                 except Exception as e:

@@ -15,13 +15,14 @@ import torch
 from ..errors import TrainingStopped
 from ..module_dict import ModuleDict
 from .async_writer import AsyncWriter
-from .manager import CheckpointManager, disk_error, free_bytes, read_meta
+from .manager import CheckpointManager, disk_error, free_bytes, list_checkpoints, read_meta
 from .portable import deepspeed_meta, read_dcp, read_deepspeed
 from .snapshot import host_copy
 from .state import load_weights, rng_state, save_weights, set_rng_state
 
 log = logging.getLogger("giga_train")
 MODEL, MODEL_EMA, TRAINING_STATE = "model", "model_ema", "training_state.pt"
+ENGINE_STATE = ("optimizer_dcp", "precision.pt", "deepspeed")  # what train.checkpoint_save_optimizer=False drops
 
 
 class Checkpointer:
@@ -29,6 +30,7 @@ class Checkpointer:
         """`train`: the train config (checkpoint_* keys); `ema`: the EMA whose weights go into model_ema/."""
         self.strategy, self.env, self.model_dir, self.ema = strategy, strategy.env, model_dir, ema
         self.safe, self.strict = train.checkpoint_safe_serialization, train.checkpoint_strict
+        self.keep_old_optimizer_state = train.get("checkpoint_save_optimizer", True)
         self.folders = CheckpointManager(model_dir, train.checkpoint_total_limit, train.checkpoint_keeps)
         self.async_writer = None
         if train.checkpoint_async and strategy.state_snapshot_detached:
@@ -72,13 +74,27 @@ class Checkpointer:
                     write(take())
                 self.strategy.barrier()
                 if self.env.is_main:
-                    log.info("saved %s (%.1f s)", self.folders.commit(tmp, meta), time.perf_counter() - start)
+                    log.info("saved %s (%.1f s)", self.commit(tmp, meta), time.perf_counter() - start)
                 self.strategy.barrier()
         except Exception as e:
             disk = disk_error(e)
             if disk is None:
                 raise
             raise self.stopped_by_full_disk(step, tmp, disk) from None
+
+    def commit(self, tmp, meta):
+        """Put the written folder `tmp` in place (main rank), apply the rolling limit and, with
+        train.checkpoint_save_optimizer=False, drop the engine state of every older checkpoint."""
+        final = self.folders.commit(tmp, meta)
+        if not self.keep_old_optimizer_state:
+            for _, path in list_checkpoints(self.model_dir)[:-1]:
+                for name in ENGINE_STATE:
+                    target = os.path.join(path, name)
+                    if os.path.isdir(target):
+                        shutil.rmtree(target)
+                    elif os.path.exists(target):
+                        os.remove(target)
+        return final
 
     def wait(self, raise_errors=True):
         """Return once no checkpoint is being written in the background."""
@@ -137,7 +153,10 @@ class Checkpointer:
         self.wait()
         strategy, members = self.strategy, self._members()
         strategy.load_model_state(load_weights(os.path.join(path, MODEL), members=members), self.strict)
-        if not strategy.load_state(path):  # another engine's form: read it whole
+        if not any(os.path.exists(os.path.join(path, name)) for name in ENGINE_STATE):
+            log.warning("resume: %s holds no optimizer state (train.checkpoint_save_optimizer=False dropped it);"
+                        " the optimizer starts afresh", path)
+        elif not strategy.load_state(path):  # another engine's form: read it whole
             strategy.load_full_state(*read_full_state(path, *strategy.optimizer_layout()))
         load_training_state(torch.load(os.path.join(path, TRAINING_STATE), map_location="cpu", weights_only=True))
         if self.ema is not None:

@@ -7,6 +7,7 @@ import pickle
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 
 from ..config import load_config
@@ -17,6 +18,7 @@ from .preemption import ForwardSIGUSR1, write_pid
 
 log = logging.getLogger("giga_train")
 RESULT_DIR = "GIGA_TRAIN_RESULT_DIR"
+RELAUNCH_PAUSE = "GIGA_TRAIN_RELAUNCH_PAUSE"  # seconds between launch.until_completion attempts (10, GigaTrain's)
 
 
 def started_by_a_launcher(world_size):
@@ -37,15 +39,28 @@ def launch_from_config(config, runners=None, gpu_memory=None, seconds=10, overri
     if gpu_memory is not None:
         wait_for_gpu_memory(cfg.launch.gpu_ids, gpu_memory, seconds)
     world_size = world_size_of(cfg.launch)
-    if world_size == 1 or started_by_a_launcher(world_size):
-        return run_runners(cfg)
-    return spawn(cfg, world_size)
+    attempt = 0
+    while True:
+        try:
+            if world_size == 1 or started_by_a_launcher(world_size):
+                return run_runners(cfg)
+            return spawn(cfg, world_size)
+        except (ConfigError, TrainingStopped, KeyboardInterrupt):
+            raise  # the same on a rerun, or asked for
+        except Exception as e:
+            if not cfg.launch.get("until_completion"):
+                raise
+            attempt += 1
+            pause = float(os.environ.get(RELAUNCH_PAUSE, "10"))
+            log.error("run failed (%s: %s); launch.until_completion: relaunching from the newest checkpoint in"
+                      " %.0f s (attempt %d)", type(e).__name__, str(e).strip().splitlines()[0] if str(e).strip()
+                      else "", pause, attempt + 1)
+            time.sleep(pause)
+            cfg.train.resume = True
 
 
 def wait_for_gpu_memory(gpu_ids, megabytes, seconds):
     """Block until each of `gpu_ids` has `megabytes` free (one line per wait), polling every `seconds`."""
-    import time
-
     import torch
     gpu_ids = [g for ids in gpu_ids for g in (ids if isinstance(ids, (list, tuple)) else [ids])] if gpu_ids else []
     if not gpu_ids:

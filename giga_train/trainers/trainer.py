@@ -99,7 +99,9 @@ class Trainer(CheckpointHooks, Runner):
         self.set_ema_models()
         self._schedulers = as_list(self.get_schedulers(schedulers))
         self.checkpoints = Checkpointer(self.strategy, self.model_dir, train, self.ema)
-        self.nan_guard = NanGuard(train.nan_policy, train.max_nan_steps, self.is_main_process, self.checkpoints.latest)
+        limit = train.get("loss_nan_total_limit")  # GigaTrain's: bad steps in a row before it stops (<= 0: never)
+        max_nan = train.max_nan_steps if limit is None else limit if limit > 0 else float("inf")
+        self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest)
         self._scheduler_rewind = SchedulerRewind(self.scheduler, self.optimizer)
         seed_everything(train.seed + self.process_index)  # ranks differ from here on (dropout, noise)
 
@@ -253,7 +255,8 @@ class Trainer(CheckpointHooks, Runner):
             return self._finish()
         train = self.train_config
         self._metrics = MetricLogger(self.logging_dir, train.log_with, self.is_main_process, self.step,
-                                     self.max_steps, self.batch_size, show_bar=train.progress_bar)
+                                     self.max_steps, self.batch_size, show_bar=train.progress_bar,
+                                     run_name=os.path.basename(self.project_dir), config=self.config.to_dict())
         self.print_before_train()
         self.model.train()
         self._sums, self._counted = {}, 0  # losses of the updated steps, summed on the device since the last log

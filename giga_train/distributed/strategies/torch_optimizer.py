@@ -51,10 +51,15 @@ class TorchOptimizerStrategy(Strategy):
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(norm)
 
+    @property
+    def norm_type(self):
+        """train.grad_norm_type (GigaTrain's key): the p of the clipped gradient norm (2 by default)."""
+        return float(self.train.get("grad_norm_type") or 2.0)
+
     def clip_grad_norm(self, max_norm):
         """The total gradient norm before clipping; clips to max_norm unless it is None."""
         grads = [p.grad for p in self.unwrap().parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads)
+        norm = torch.nn.utils.get_total_norm(grads, self.norm_type)
         if max_norm is not None:
             torch.nn.utils.clip_grads_with_norm_(self.unwrap().parameters(), max_norm, norm)
         return norm
