@@ -26,13 +26,13 @@ def test_ranks_together_make_the_big_batch():
 
 
 def test_epochs_are_reshuffled_and_cover_the_data():
-    s = DefaultSampler(CountingDataset(50), batch_size=8, shuffle=True, seed=1)
+    s = DefaultSampler(CountingDataset(50), batch_size=8, shuffle=True, infinite=False, seed=1)
     first = list(s)
     s.set_epoch(1)
     second = list(s)
     assert sorted(set(first)) == list(range(50)) and len(first) == 56  # wrapped to whole batches
     assert first != second
-    s = DefaultSampler(CountingDataset(50), batch_size=8, shuffle=False, drop_last=True)
+    s = DefaultSampler(CountingDataset(50), batch_size=8, shuffle=False, infinite=False, drop_last=True)
     assert list(s) == list(range(48))
 
 
