@@ -18,7 +18,7 @@ def test_first_update_copies_then_the_decay_warms_up():
     target = {k: v + 1 for k, v in model.state_dict().items()}
     ema.step(target)
     assert all(torch.equal(ema.state_dict()[k], target[k]) for k in target)  # decay 0: a copy
-    before = ema.state_dict()
+    before = {k: v.clone() for k, v in ema.state_dict().items()}  # (world_size 1: views of the average)
     ema.step(model.state_dict())
     d = 2 / 11
     for k, v in model.state_dict().items():
