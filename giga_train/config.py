@@ -21,9 +21,9 @@ class Config(dict):
     `save(path)` (.json/.yaml; tuples as ['__tuple__', ...] in JSON), `Config.load(path)`,
     `merge_from_file(path)`, `pretty_text`. A list that starts with '__tuple__' is read as a tuple."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, d=None, **kwargs):
         super().__init__()
-        for k, v in dict(*args, **kwargs).items():
+        for k, v in dict(d or {}, **kwargs).items():
             self[k] = v
 
     def __setitem__(self, key, value):
@@ -43,15 +43,15 @@ class Config(dict):
     def __delattr__(self, key):
         del self[key]
 
-    def setdefault(self, key, default=None):
-        if key not in self:
-            self[key] = default
-        return self[key]
+    def setdefault(self, k, d=None):
+        if k not in self:
+            self[k] = d
+        return self[k]
 
-    def update(self, *args, **kwargs):
+    def update(self, e=None, **f):
         """Merge: a dict value merges into a section of that name (recursively) unless it has
         `__force__=True`; every other value replaces. Returns self (GigaTrain's chaining)."""
-        for k, v in dict(*args, **kwargs).items():
+        for k, v in dict(e or {}, **f).items():
             force = False
             if isinstance(v, dict) and "__force__" in v:
                 force = bool(v["__force__"])
@@ -62,8 +62,8 @@ class Config(dict):
                 self[k] = v
         return self
 
-    def pop(self, key, default=None):
-        return super().pop(key, default)
+    def pop(self, k, d=None):
+        return super().pop(k, d)
 
     def copy(self):
         return copy.deepcopy(self)
@@ -129,23 +129,23 @@ def _unwrap(value, tuple_as_list=False):
     return value
 
 
-def load_config(source, overrides=()):
+def load_config(config_or_path, overrides=()):
     """A Config from a file path, a dotted module path (`configs.exp1.config`), a project folder (the
     config.json a run saved there), or a dict. A Config comes back as it is (GigaTrain's), unless
     there are overrides to apply; a plain dict is copied."""
-    if isinstance(source, Config) and not overrides:
-        return source
-    if isinstance(source, dict):
-        cfg = Config(copy.deepcopy(dict(source)))
-    elif isinstance(source, str):
-        if os.path.isdir(source):
-            path = os.path.join(source, "config.json")
+    if isinstance(config_or_path, Config) and not overrides:
+        return config_or_path
+    if isinstance(config_or_path, dict):
+        cfg = Config(copy.deepcopy(dict(config_or_path)))
+    elif isinstance(config_or_path, str):
+        if os.path.isdir(config_or_path):
+            path = os.path.join(config_or_path, "config.json")
             if not os.path.isfile(path):
-                raise ConfigError(f"{source} is a folder without the config.json a run saves")
-            source = path
-        cfg = _load_source(source)
+                raise ConfigError(f"{config_or_path} is a folder without the config.json a run saves")
+            config_or_path = path
+        cfg = _load_source(config_or_path)
     else:
-        raise ConfigError(f"config must be a path, a module path or a dict, not {type(source).__name__}")
+        raise ConfigError(f"config must be a path, a module path or a dict, not {type(config_or_path).__name__}")
     for item in overrides:
         apply_override(cfg, item)
     return cfg

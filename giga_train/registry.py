@@ -59,11 +59,12 @@ class Registry(dict):
         super().__init__(*args, **kwargs)
         self.name = name or "registry"
 
-    def register(self, obj=None, name=None, *, force=False):
+    def register(self, module_class=None, name=None, *, force=False):
         """`@R.register`, `@R.register("x")`, `@R.register(name="x")`, or `R.register(obj, name="x")`.
 
         A name already taken by another object is an error (unless `force`); registering the same
         object again under its name is a no-op."""
+        obj = module_class
         if isinstance(obj, str):  # GigaTrain's @R.register("name")
             obj, name = None, obj
 
