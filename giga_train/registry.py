@@ -58,6 +58,16 @@ class Registry(dict):
             args, name = (name,) + args, None
         super().__init__(*args, **kwargs)
         self.name = name or "registry"
+        self._providers = []  # called once, at the first unknown name, to register more (lazily)
+
+    def add_provider(self, provider):
+        """`provider(registry)` registers entries that are costly to import (another package's); it
+        runs the first time a name is not found."""
+        self._providers.append(provider)
+
+    def _provide(self, key):
+        while key not in self and self._providers:
+            self._providers.pop(0)(self)
 
     def register(self, module_class=None, name=None, *, force=False):
         """`@R.register`, `@R.register("x")`, `@R.register(name="x")`, or `R.register(obj, name="x")`.
@@ -87,6 +97,8 @@ class Registry(dict):
         """A registered name, or a dotted import path such as `my_pkg.data.MyDataset`.
 
         Unknown: a one-line RegistryError naming the closest registered name, or `default` if given."""
+        if isinstance(key, str):
+            self._provide(key)
         if key in self:
             return self[key]
         if isinstance(key, str) and "." in key:

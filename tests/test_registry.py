@@ -74,3 +74,20 @@ def test_build_functions_in_gigatrain_form():
     import examples.char_lm.data  # noqa: F401
     assert type(build_transform(dict(type="RandomShift"))).__name__ == "RandomShift"
     assert build_transform(None) is None
+
+
+def test_providers_register_lazily_at_the_first_unknown_name():
+    reg = Registry("thing")
+    calls = []
+
+    def provide(registry):
+        calls.append(1)
+        registry.register(dict, name="Late")
+
+    reg.add_provider(provide)
+    reg.register(list, name="Early")
+    assert reg.get("Early") is list and calls == []
+    assert reg.get("Late") is dict and calls == [1]
+    with pytest.raises(RegistryError, match="unknown thing 'Other'"):
+        reg.get("Other")
+    assert calls == [1]

@@ -124,6 +124,22 @@ class ParallelBatchSampler(Sampler):
                 yield batch
 
 
+def _giga_datasets_samplers(registry):
+    """GigaTrain registers giga_datasets' samplers when that package is installed; so do we, the
+    first time a config names a sampler we do not have (DefaultSampler stays ours: the same order,
+    cut per rank)."""
+    try:
+        import giga_datasets
+    except ImportError:
+        return
+    for name in ("AspectRatioSampler", "BucketBatchSampler", "BucketSampler", "SpecialDatasetSampler"):
+        if hasattr(giga_datasets, name) and name not in registry:
+            registry.register(getattr(giga_datasets, name), name=name)
+
+
+SAMPLERS.add_provider(_giga_datasets_samplers)
+
+
 def build_sampler(params_or_type, *args, **kwargs):
     """GigaTrain's call form: `build_sampler(cfg_or_type, dataset=..., batch_size=...)`; None without a type."""
     return build_module(SAMPLERS, params_or_type, *args, **kwargs)
