@@ -139,12 +139,10 @@ class WarmupCosineScheduler(BaseScheduler):
     """Warmup to start_value over `warmup_steps`, cosine to end_value at step `decay_steps` (counted
     from the start of training, warmup included), end_value after."""
 
-    def __init__(self, warmup_steps=0, decay_steps=None, epoch_size=None, max_epochs=None, max_steps=None,
+    def __init__(self, warmup_steps, decay_steps, epoch_size=None, max_epochs=None, max_steps=None,
                  start_value=1.0, end_value=0.0):
         super().__init__(epoch_size, max_epochs, max_steps, start_value, end_value)
         _check_warmup(warmup_steps)
-        if decay_steps is None:
-            raise TypeError(f"{type(self).__name__} needs decay_steps (the step where the decay ends)")
         self.warmup_steps, self.decay_steps = warmup_steps, decay_steps
 
     def _decay(self, alpha):
