@@ -94,11 +94,13 @@ class Registry(dict):
         return sorted(self)
 
     def get(self, key, default=_MISSING):
-        """A registered name, or a dotted import path such as `my_pkg.data.MyDataset`.
+        """A registered name, a dotted import path such as `my_pkg.data.MyDataset`, or the class itself.
 
         Unknown: a one-line RegistryError naming the closest registered name, or `default` if given."""
         if isinstance(key, str):
             self._provide(key)
+        elif callable(key):  # a class or function given directly instead of its name
+            return key
         if key in self:
             return self[key]
         if isinstance(key, str) and "." in key:

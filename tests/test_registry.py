@@ -91,3 +91,10 @@ def test_providers_register_lazily_at_the_first_unknown_name():
     with pytest.raises(RegistryError, match="unknown thing 'Other'"):
         reg.get("Other")
     assert calls == [1]
+
+
+def test_a_class_may_stand_for_its_name():
+    from giga_train import build_module
+    reg = Registry("thing")
+    assert build_module(reg, dict(type=dict, a=1)) == {"a": 1}
+    assert reg.check_arguments(dict(type=dict)) is dict
