@@ -168,3 +168,11 @@ def test_signatures_equal_the_live_reference():
         if expected not in (None, "missing"):
             expected = [(n, "VAR" if k.startswith("VAR") else "", d) for n, k, d in expected if n != "self"]
         assert incompatibilities(name, expected, resolve(name)) == [], name
+
+
+def test_gigatrains_module_paths_that_projects_import():
+    from giga_train.optimizers.came_8bit import CAME8Bit  # noqa: F401
+    from giga_train.strategies.activation_checkpointing import module_auto_wrap_policy
+    from giga_train.strategies.ema import EMAModel, save_ema  # noqa: F401
+    from giga_train.schedulers.build import SCHEDULERS, build_scheduler  # noqa: F401
+    assert EMAModel is giga_train.EMAModel and module_auto_wrap_policy is giga_train.module_auto_wrap_policy
