@@ -66,15 +66,20 @@ def build_dataset(data_or_config):
 class DataStream:
     """Micro-batches on the device. Position = (epoch, batches consumed in that epoch)."""
 
-    def __init__(self, cfg, seed, rank, world_size, device):
+    def __init__(self, cfg, seed, rank, world_size, device, accumulation=1):
+        """`seed` seeds the workers' sample RNGs; the sampler has its own (`sampler.seed`, GigaTrain's
+        6666 by default), and is given GigaTrain's `batch_size`: the global batch of one optimizer step
+        (batch_size_per_gpu * world_size * accumulation), which DefaultSampler pads each epoch to."""
         self.dataset = build_dataset(cfg.data_or_config)
         transform = TRANSFORMS.build(cfg.transform) if cfg.transform else None
         sampler_cfg = dict(cfg.sampler or dict(type="DefaultSampler"))
         cls, kwargs = SAMPLERS.resolve(sampler_cfg)
-        extras = dict(dataset=self.dataset, batch_size=cfg.batch_size_per_gpu, seed=seed, rank=rank,
-                      world_size=world_size)
+        extras = dict(dataset=self.dataset, batch_size=cfg.batch_size_per_gpu * world_size * accumulation,
+                      batch_size_per_gpu=cfg.batch_size_per_gpu, rank=rank, world_size=world_size)
         kwargs = {**_accepted(cls, extras), **kwargs}
         self.sampler = cls(**kwargs)
+        if isinstance(self.sampler, DefaultSampler):
+            self.sampler.infinite = False  # this stream moves from epoch to epoch itself
         self.seed, self.device = seed, device
         self.batch_size, self.world_size = cfg.batch_size_per_gpu, world_size
         self._tagged = _EpochTagged(self.sampler)
