@@ -9,9 +9,9 @@ from .ema import EMAModel
 from .errors import ConfigError
 from .module_dict import ModuleDict
 from .optimizers import build_optimizer
-from .registry import (DATASETS, OPTIMIZERS, SAMPLERS, SCHEDULERS, TRANSFORMS, Registry, build_module,
-                       build_transform, merge_params)
-from .schedulers import build_scheduler
+from .registry import (DATASETS, OPTIMIZERS, SAMPLERS, TRANSFORMS, Registry, build_module, build_transform,
+                       merge_params)
+from .schedulers import SCHEDULERS, build_scheduler
 from .ssh import ssh_copy_id
 from .trainers import Tester, Trainer
 from .utils import module_auto_wrap_policy, setup_environment

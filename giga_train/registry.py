@@ -143,16 +143,6 @@ class Registry(dict):
         return f"Registry({self.name!r}: {', '.join(self.names())})"
 
 
-class SchedulerRegistry(Registry):
-    """SCHEDULERS: `build(cfg, optimizer, epoch_size=..., max_epochs=..., max_steps=...)` gives the
-    torch scheduler the trainer steps: a value scheduler wrapped in LambdaLR, as build_scheduler does."""
-
-    def build(self, cfg, optimizer=None, *args, **extra):
-        from .schedulers.build import wrap_scheduler
-        cls, kwargs = self.resolve(cfg)
-        return wrap_scheduler(cls, kwargs, optimizer, args, extra, merge="fill")
-
-
 def merge_params(params_or_type, **kwargs):
     """GigaTrain's merge: a type name or a config dict, plus keyword arguments, as one kwargs dict.
 
@@ -218,5 +208,4 @@ TRANSFORMS = Registry("transform")
 DATASETS = Registry("dataset")
 SAMPLERS = Registry("sampler")
 OPTIMIZERS = Registry("optimizer")
-SCHEDULERS = SchedulerRegistry("scheduler")
 STRATEGIES = Registry("distributed_type")

@@ -6,8 +6,9 @@ from .compile import check_dynamo_config
 from .config import Config
 from .errors import ConfigError, RegistryError
 from .fp8 import check_fp8_config
-from .registry import (DATASETS, OPTIMIZERS, SAMPLERS, SCHEDULERS, STRATEGIES, TRANSFORMS, TYPE_KEYS, did_you_mean,
+from .registry import (DATASETS, OPTIMIZERS, SAMPLERS, STRATEGIES, TRANSFORMS, TYPE_KEYS, did_you_mean,
                        import_object)
+from .schedulers import SCHEDULERS
 
 REQUIRED = object()
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")

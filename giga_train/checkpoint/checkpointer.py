@@ -5,6 +5,7 @@ main rank), `model_ema/` with EMA, the engine's optimizer state (`optimizer_dcp/
 `deepspeed/`), `random_states_R.pt` per rank, `training_state.pt` (the trainer's state_dict: scheduler,
 data position, step) and, written last, `meta.json`. The strategy takes and writes its own state; all the
 rest (folders, files, order, errors) is here, so the trainer calls save/resume in one line each."""
+import json
 import logging
 import os
 import shutil
@@ -21,7 +22,7 @@ from .snapshot import host_copy
 from .state import load_weights, rng_state, save_weights, set_rng_state
 
 log = logging.getLogger("giga_train")
-MODEL, MODEL_EMA, TRAINING_STATE = "model", "model_ema", "training_state.pt"
+MODEL, MODEL_EMA, TRAINING_STATE, EMA_CONFIG = "model", "model_ema", "training_state.pt", "ema_config.json"
 ENGINE_STATE = ("optimizer_dcp", "precision.pt", "deepspeed")  # what train.checkpoint_save_optimizer=False drops
 
 
@@ -111,6 +112,8 @@ class Checkpointer:
         if self.ema is not None:
             parts.append((lambda: self.model_snapshot(self.ema.state_dict(strategy.unwrap()), copy=copy),
                           lambda state: self.write_model(join(tmp, MODEL_EMA), state)))
+            if self.env.is_main:  # GigaTrain's ema_config.json: the decay and the updates made so far
+                parts.append((lambda: dict(self.ema.config), lambda config: _write_json(join(tmp, EMA_CONFIG), config)))
         parts.append((lambda: strategy.state_snapshot(copy=copy),
                       lambda state: strategy.write_state(tmp, state, process_group)))
         rng_file = join(tmp, f"random_states_{self.env.rank}.pt")
@@ -160,13 +163,20 @@ class Checkpointer:
             strategy.load_full_state(*read_full_state(path, *strategy.optimizer_layout()))
         load_training_state(torch.load(os.path.join(path, TRAINING_STATE), map_location="cpu", weights_only=True))
         if self.ema is not None:
-            self.ema.load_state_dict(load_weights(os.path.join(path, MODEL_EMA), members=members))
+            config = os.path.join(path, EMA_CONFIG)
+            step = json.load(open(config))["optimization_step"] if os.path.isfile(config) else None
+            self.ema.load_state_dict(load_weights(os.path.join(path, MODEL_EMA), members=members), step)
         rng_file = os.path.join(path, f"random_states_{self.env.rank}.pt")
         if os.path.isfile(rng_file):
             set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))
 
     def _members(self):
         return isinstance(self.strategy.unwrap(), ModuleDict)
+
+
+def _write_json(path, value):
+    with open(path, "w") as f:
+        json.dump(value, f, indent=2)
 
 
 def read_full_state(folder, names, param_groups):

@@ -8,7 +8,19 @@ import inspect
 
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
-from ..registry import SCHEDULERS, RegistryError, build_module, merge_params, pop_type
+from ..registry import Registry, RegistryError, build_module, merge_params, pop_type
+
+
+class SchedulerRegistry(Registry):
+    """SCHEDULERS: `build(cfg, optimizer, epoch_size=..., max_epochs=..., max_steps=...)` gives the
+    torch scheduler the trainer steps: a value scheduler wrapped in LambdaLR, as build_scheduler does."""
+
+    def build(self, cfg, optimizer=None, *args, **extra):
+        cls, kwargs = self.resolve(cfg)
+        return wrap_scheduler(cls, kwargs, optimizer, args, extra, merge="fill")
+
+
+SCHEDULERS = SchedulerRegistry("scheduler")
 
 
 def wrap_scheduler(cls, kwargs, optimizer, args=(), extra=None, merge="fill"):

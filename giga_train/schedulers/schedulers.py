@@ -12,7 +12,8 @@ Ours besides GigaTrain's: WarmupLinearScheduler, and ConstantScheduler(warmup_st
 warm up as WarmupCosineScheduler does."""
 import math
 
-from ..registry import SCHEDULERS, import_object
+from ..registry import import_object
+from .build import SCHEDULERS
 
 
 class BaseScheduler:

@@ -8,7 +8,6 @@ our engine. Subclass it, write get_models and forward_step; the config does the 
                       backward_step (the last one steps the optimizers); print_step; save_checkpoint_step;
                       then print_after_train
 """
-import inspect
 import logging
 import math
 import os
@@ -27,7 +26,8 @@ from ..ema import EMA
 from ..errors import ConfigError
 from ..fp8 import convert_to_float8
 from ..optimizers import build_optimizer
-from ..registry import SCHEDULERS, STRATEGIES
+from ..registry import STRATEGIES
+from ..schedulers import SCHEDULERS
 from ..tracking import MetricLogger
 from .checkpoint_hooks import CheckpointHooks
 from .nan_guard import NanGuard, SchedulerRewind
@@ -107,7 +107,8 @@ class Trainer(CheckpointHooks, Runner):
 
     def get_dataloaders(self, data_config):
         """The training data: micro-batches on the device, resumable to the exact sample."""
-        return DataStream(data_config, self.train_config.seed, self.process_index, self.num_processes, self.device)
+        return DataStream(data_config, self.train_config.seed, self.process_index, self.num_processes, self.device,
+                          accumulation=self.gradient_accumulation_steps)
 
     def get_models(self, model_config):
         """Return an nn.Module, or a ModuleDict of several (called with `config.models`)."""
@@ -116,7 +117,8 @@ class Trainer(CheckpointHooks, Runner):
     def set_ema_models(self):
         """With train.with_ema: the moving average of the trainable weights (sharded as the model is)."""
         if self.train_config.with_ema:
-            self.ema = EMA(self.unwrapped_model, self.train_config.ema_decay)
+            # GigaTrain's decay warm-up, min((1 + s) / (10 + s), ema_decay): the first update copies the weights
+            self.ema = EMA(self.unwrapped_model, self.train_config.ema_decay, warmup=True)
 
     def apply_activation_checkpointing(self, models=None):
         train = self.train_config
@@ -155,15 +157,8 @@ class Trainer(CheckpointHooks, Runner):
         if len(schedulers) != len(self.optimizers):
             raise ConfigError(f"schedulers: {len(schedulers)} configs for {len(self.optimizers)} optimizers")
         extras = dict(epoch_size=self.epoch_size, max_epochs=self.max_epochs, max_steps=self.max_steps)
-        built = []
-        for cfg, optimizer in zip(schedulers, self.optimizers):
-            if not isinstance(cfg, dict):
-                built.append(cfg)
-                continue
-            cls, kwargs = SCHEDULERS.resolve(cfg)
-            accepted = {k: v for k, v in extras.items() if k not in kwargs and _takes(cls, k)}
-            built.append(cls(optimizer, **kwargs, **accepted))
-        return built
+        return [SCHEDULERS.build(cfg, optimizer, **extras) if isinstance(cfg, dict) else cfg
+                for cfg, optimizer in zip(schedulers, self.optimizers)]
 
     # -- GigaTrain's properties -----------------------------------------------------------------
     @property
@@ -422,12 +417,3 @@ class Trainer(CheckpointHooks, Runner):
                      f", final loss {loss:.4f}" if loss is not None else "", where, self.logging_dir)
         self.strategy.close()
         return self
-
-
-def _takes(cls, name):
-    """Whether `cls(...)` accepts the keyword `name`."""
-    try:
-        params = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
