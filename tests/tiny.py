@@ -212,3 +212,14 @@ class LateSettleNanTrainer(NanTrainer):
         super().__init__(project_dir, **train)
         if rank and int(rank) == self.rank:
             nan_guard.StepFlags = late_flags(int(steps))
+
+
+class SplitOptimizerTrainer(TinyTrainer):
+    """The seeds' advice, written as a GigaTrain project writes it: CAME8Bit for the matrices, FusedAdam for
+    the rest (an override of get_optimizers returning two optimizers)."""
+
+    def get_optimizers(self, optimizers):
+        from giga_train.optimizers import CAME8Bit
+        matrices = [p for p in self.model.parameters() if p.ndim == 2]
+        others = [p for p in self.model.parameters() if p.ndim != 2]
+        return [CAME8Bit(matrices, lr=1e-3, weight_decay=0.01), FusedAdam(others, lr=3e-3)]

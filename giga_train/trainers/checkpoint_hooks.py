@@ -97,10 +97,12 @@ class CheckpointHooks:
 
     def state_dict(self):
         """The trainer's own state in a checkpoint (training_state.pt): scheduler, data position, step."""
-        return {"scheduler": self.scheduler.state_dict(), "data": self._stream.state_dict(), "step": self.step}
+        return {"schedulers": [s.state_dict() for s in self.schedulers], "data": self._stream.state_dict(),
+                "step": self.step}
 
     def load_state_dict(self, state):
-        self.scheduler.load_state_dict(state["scheduler"])
+        for scheduler, saved in zip(self.schedulers, state.get("schedulers") or [state["scheduler"]]):
+            scheduler.load_state_dict(saved)
         self._stream.load_state_dict(state["data"])
         self.step = int(state["step"])
 

@@ -26,6 +26,7 @@ from ..ema import EMA
 from ..errors import ConfigError
 from ..fp8 import convert_to_float8
 from ..optimizers import build_optimizer
+from ..optimizers.group import OptimizerGroup
 from ..registry import STRATEGIES
 from ..schedulers import SCHEDULERS
 from ..tracking import MetricLogger
@@ -85,24 +86,20 @@ class Trainer(CheckpointHooks, Runner):
 
         def make_optimizers(module):  # called by the engine with the module whose parameters it steps
             self._models = [module]
-            found = as_list(self.get_optimizers(optimizers))
-            if len(found) != 1:
-                raise ConfigError(f"get_optimizers returned {len(found)} optimizers: each engine steps one;"
-                                  " give one optimizer several param groups")
-            return found[0]
+            self._optimizers = as_list(self.get_optimizers(optimizers))
+            return self._optimizers[0] if len(self._optimizers) == 1 else OptimizerGroup(self._optimizers)
 
-        self._models[0], optimizer = parallelize(
+        self._models[0], self.engine_optimizer = parallelize(
             self._models[0], self.strategy, train, self.config.launch.fsdp_config, make_optimizers,
             checkpoint=lambda model: self.apply_activation_checkpointing([model]),
             float8=lambda model: self.apply_fp8([model]))
-        self._optimizers = [optimizer]
         self.set_ema_models()
         self._schedulers = as_list(self.get_schedulers(schedulers))
         self.checkpoints = Checkpointer(self.strategy, self.model_dir, train, self.ema)
         limit = train.get("loss_nan_total_limit")  # GigaTrain's: bad steps in a row before it stops (<= 0: never)
         max_nan = train.max_nan_steps if limit is None else limit if limit > 0 else float("inf")
         self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest)
-        self._scheduler_rewind = SchedulerRewind(self.scheduler, self.optimizer)
+        self._scheduler_rewind = SchedulerRewind(self.schedulers, self.optimizers)
         seed_everything(train.seed + self.process_index)  # ranks differ from here on (dropout, noise)
 
     def get_dataloaders(self, data_config):
@@ -152,8 +149,10 @@ class Trainer(CheckpointHooks, Runner):
 
     def get_schedulers(self, schedulers):
         """One scheduler per optimizer, from config dicts (given epoch_size, max_epochs and max_steps when
-        the scheduler takes them)."""
+        the scheduler takes them); one config serves every optimizer."""
         schedulers = as_list(schedulers)
+        if len(schedulers) == 1 and len(self.optimizers) > 1:
+            schedulers = schedulers * len(self.optimizers)
         if len(schedulers) != len(self.optimizers):
             raise ConfigError(f"schedulers: {len(schedulers)} configs for {len(self.optimizers)} optimizers")
         extras = dict(epoch_size=self.epoch_size, max_epochs=self.max_epochs, max_steps=self.max_steps)

@@ -37,6 +37,9 @@ class DeepSpeedStrategy(Strategy):
                               " use FSDP (fsdp_version=2) or ZeRO-0/1/2")
         model.to(self.device)
         optimizer = make_optimizer(model)
+        if len(getattr(optimizer, "optimizers", ())) > 1:  # an OptimizerGroup
+            raise ConfigError("get_optimizers: DeepSpeed steps one optimizer; give one optimizer several param"
+                              " groups, or use FSDP (fsdp_version=2) or DDP for several optimizers")
         check = getattr(type(optimizer), "check_zero_compatible", None)
         if check is not None:
             try:
