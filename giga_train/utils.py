@@ -15,6 +15,8 @@ from importlib import import_module
 import numpy as np
 import torch
 
+from .blocks import COUNT_MARK, class_name_problem, parse_class_names
+
 WEIGHTS_NAME = "diffusion_pytorch_model.bin"  # diffusers' names, which GigaTrain's checkpoints use
 SAFETENSORS_WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 _UNITS = {"GB": 1024 ** 3, "MB": 1024 ** 2, "KB": 1024, "B": 1}
@@ -241,13 +243,14 @@ def module_auto_wrap_policy(module_names, sep="__##__"):
     """GigaTrain's auto-wrap policy for `apply_activation_checkpointing` / FSDP1: `policy(module,
     recurse, nonwrapped_numel)` is True when recursing, and for a module whose class name is listed:
     "Block" = every Block, "Block__##__4" = the first 4 (counted in the order the policy is asked)."""
-    limits, seen = {}, {}
+    if sep != COUNT_MARK:
+        module_names = [name.replace(sep, COUNT_MARK) for name in module_names]
     for entry in module_names:
-        parts = entry.split(sep)
-        if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
-            raise ValueError(f"module_auto_wrap_policy: {entry!r} is not 'Class' or 'Class{sep}N'")
-        limits[parts[0]] = int(parts[1]) if len(parts) == 2 else -1
-        seen[parts[0]] = 0
+        problem = class_name_problem(entry)
+        if problem:
+            raise ValueError(f"module_auto_wrap_policy: {problem}")
+    limits = {name: -1 if limit is None else limit for name, limit in parse_class_names(module_names).items()}
+    seen = dict.fromkeys(limits, 0)
 
     def policy(module, recurse, nonwrapped_numel):
         if recurse:

@@ -11,18 +11,13 @@ import torch
 from ..config import Config, load_config
 from ..distributed.env import setup_environment
 from ..errors import ConfigError
+from ..precision import AUTOCAST_DTYPES
 from ..schema import validate_config
 from ..tracking import text_logger
 
 log = logging.getLogger("giga_train")
 _LOADING = contextvars.ContextVar("giga_train_loading", default=None)  # the whole config, during load()
 LOG_DIR_VARIABLE = "AIHC_TENSORBOARD_LOG_PATH"  # GigaTrain's: where logs go when logging_dir is not set
-AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
-
-
-def as_list(value):
-    """GigaTrain's as_list: a list as is, a tuple as a list, anything else in a list of one."""
-    return value if isinstance(value, list) else list(value) if isinstance(value, tuple) else [value]
 
 
 @contextlib.contextmanager
@@ -122,7 +117,7 @@ class Runner:
     @property
     def dtype(self):
         """The autocast dtype (float32 without mixed precision)."""
-        return AUTOCAST_DTYPES.get(self.mixed_precision, torch.float32)
+        return AUTOCAST_DTYPES.get(self.mixed_precision) or torch.float32
 
     # -- what it holds --------------------------------------------------------------------------
     @property

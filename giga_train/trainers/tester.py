@@ -9,7 +9,8 @@ import torch
 
 from ..data import build_dataset
 from ..registry import TRANSFORMS, import_object
-from .runner import Runner, as_list
+from ..utils import as_list
+from .runner import Runner
 
 log = logging.getLogger("giga_train")
 

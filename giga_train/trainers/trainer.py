@@ -32,7 +32,8 @@ from ..schedulers import SCHEDULERS
 from ..tracking import MetricLogger
 from .checkpoint_hooks import CheckpointHooks
 from .nan_guard import NanGuard, SchedulerRewind
-from .runner import Runner, as_list
+from ..utils import as_list
+from .runner import Runner
 
 log = logging.getLogger("giga_train")
 
