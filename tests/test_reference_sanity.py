@@ -126,3 +126,14 @@ def test_epochs_ema_layout(reference_docs):
     assert with_optimizer == ['checkpoint_epoch_1_step_1', 'checkpoint_epoch_1_step_2', 'checkpoint_epoch_1_step_3',
                               'checkpoint_epoch_2_step_5', 'checkpoint_epoch_2_step_6']
     assert [s for s, _ in doc['phases'][0]['logged']['total_loss']] == [2, 4, 6]
+
+
+def test_resume_in_a_later_epoch_replays_the_first_epoch(reference_docs):
+    # A defect of the reference, recorded so that the differential test can state our difference:
+    # Trainer.resume sets the sampler's epoch, then Accelerate's DataLoaderShard.__iter__ sets it back to 0.
+    main = harness.trainer_run(reference_docs['main'])['steps']
+    resumed = harness.trainer_run(reference_docs['resume_epoch2'], phase=1)['steps']
+    assert [s['step'] for s in resumed] == [8]
+    assert resumed[0]['lr'] == main[7]['lr']
+    assert resumed[0]['micro_batches'][0]['indices'] == main[1]['micro_batches'][0]['indices']   # epoch 1's 2nd batch
+    assert resumed[0]['micro_batches'][0]['indices'] != main[7]['micro_batches'][0]['indices']
