@@ -137,3 +137,15 @@ def test_resume_in_a_later_epoch_replays_the_first_epoch(reference_docs):
     assert resumed[0]['lr'] == main[7]['lr']
     assert resumed[0]['micro_batches'][0]['indices'] == main[1]['micro_batches'][0]['indices']   # epoch 1's 2nd batch
     assert resumed[0]['micro_batches'][0]['indices'] != main[7]['micro_batches'][0]['indices']
+
+
+def test_disk_data_path(reference_docs):
+    # giga_datasets' path: a list of two PklDataset folders -> ConcatDataset, filter, transform, collator
+    doc = reference_docs['disk']
+    trainer = harness.trainer_run(doc)
+    props = trainer['properties']['after_load']
+    assert props['data_size'] == 20 and props['epoch_size'] == 5
+    first_epoch = [i for s in trainer['steps'][:5] for i in s['micro_batches'][0]['indices']]
+    assert sorted(first_epoch) == list(range(10)) + list(range(12, 22))   # each child cut to its first 10
+    tester = doc['phases'][0]['runners'][1]
+    assert tester['properties']['after_load']['data_size'] == 10 and len(tester['results']) == 10

@@ -131,6 +131,27 @@ def scenario_phases(name, project_dir):
         second['runners'] = second['runners'][:1]
         second['train']['resume'] = True
         return [first, second]
+    if name == 'disk':
+        # giga_datasets' own data path: two PklDataset folders on disk as a list (a ConcatDataset of
+        # 12 + 10 samples), `filter` (each child cut to its first 10), a TRANSFORMS transform, the
+        # collator's keyword, DefaultSampler with its own seed; the Tester reads one folder by path.
+        from ref_client.data import write_pkl_dataset
+
+        data_dir = os.path.join(os.path.dirname(project_dir), 'data')
+        if not os.path.exists(os.path.join(data_dir, 'done')):
+            a = write_pkl_dataset(os.path.join(data_dir, 'part_a'), size=12, seed=0, start=0)
+            b = write_pkl_dataset(os.path.join(data_dir, 'part_b'), size=10, seed=0, start=12)
+            write_pkl_dataset(os.path.join(data_dir, 'test'), size=10, seed=1)
+            open(os.path.join(data_dir, 'done'), 'w').close()
+        cfg['dataloaders']['train'] = dict(
+            data_or_config=[os.path.join(data_dir, 'part_a'), os.path.join(data_dir, 'part_b')],
+            filter=dict(mode='index', start=0, end=10), transform=dict(type='ScaleX', factor=0.5),
+            collator=dict(is_equal=True), sampler=dict(type='DefaultSampler', shuffle=True, seed=7),
+            batch_size_per_gpu=4, num_workers=0)
+        cfg['dataloaders']['test'] = dict(data_or_config=os.path.join(data_dir, 'test'), batch_size_per_gpu=4,
+                                          num_workers=0, transform=dict(type='ScaleX', factor=0.5))
+        cfg['train'].update(max_steps=6, checkpoint_interval=6)
+        return [cfg]
     if name == 'epochs_ema':
         # by epochs, accumulation 2, EMA, safetensors, optimizer state kept in the newest only,
         # checkpoint_interval in epochs (a fraction), keeps by epoch, no total limit (-1).
@@ -145,7 +166,7 @@ def scenario_phases(name, project_dir):
     raise SystemExit('unknown scenario %r' % name)
 
 
-SCENARIOS = ['main', 'resume', 'resume_epoch2', 'epochs_ema']
+SCENARIOS = ['main', 'resume', 'resume_epoch2', 'epochs_ema', 'disk']
 
 
 # ----------------------------------------------------------------------------------------- summaries
@@ -427,7 +448,6 @@ def log_lines(logging_dir, skip=()):
 # ------------------------------------------------------------------------------------------- a phase
 def run_phase(config, out_path):
     """In this process: patch the client, run the runners as run_tasks does, write the phase JSON."""
-    sys.path.insert(0, HERE)
     import giga_train
     import torch
 
@@ -486,6 +506,7 @@ def main():
     workdir = os.path.abspath(args.workdir)
     project_dir = os.path.join(workdir, 'project')
     Ctx.roots = [(project_dir, '<project>'), (workdir, '<work>'), (HERE, '<reference>')]
+    sys.path.insert(0, HERE)
     phases = scenario_phases(args.scenario, project_dir)
     if args.phase is not None:  # the child: one phase, in this process
         os.chdir(workdir)

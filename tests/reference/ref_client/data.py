@@ -47,3 +47,22 @@ except ImportError:
     pass
 else:
     register_dataset(TinyRegression)
+
+
+def write_pkl_dataset(folder, size=22, dim=4, seed=0, start=0):
+    """Write samples start..start+size-1 of ``TinyRegression(size=start+size, ...)`` as a giga_datasets
+    ``PklDataset`` folder: ``data.pkl`` (a pickled list of sample dicts, numpy values) and
+    ``config.json`` (``_class_name``, ``_key_names``, ``data_size``), the layout giga_datasets'
+    PklWriter writes. Plain pickle/json: needs no giga_datasets to write."""
+    import json
+    import os
+    import pickle
+
+    full = TinyRegression(size=start + size, dim=dim, seed=seed)
+    os.makedirs(folder, exist_ok=True)
+    samples = [dict(index=i, x=full.x[i].numpy(), y=full.y[i].numpy()) for i in range(start, start + size)]
+    with open(os.path.join(folder, 'data.pkl'), 'wb') as f:
+        pickle.dump(samples, f)
+    with open(os.path.join(folder, 'config.json'), 'w') as f:
+        json.dump(dict(_class_name='PklDataset', _key_names=['index', 'x', 'y'], data_size=size), f, indent=4)
+    return folder

@@ -4,7 +4,7 @@ import os
 import torch
 from giga_train import ModuleDict, Tester, utils
 
-from . import data  # noqa: F401  (registers TinyRegression with giga_datasets, when installed)
+from . import data, transforms  # noqa: F401  (registers TinyRegression with giga_datasets, ScaleX in TRANSFORMS)
 from .models import Encoder, Head
 
 

@@ -5,7 +5,7 @@ Extra ``train`` keys (``aux_weight`` here) reach ``self.kwargs``.
 """
 from giga_train import ModuleDict, Trainer
 
-from . import data  # noqa: F401  (registers TinyRegression with giga_datasets, when installed)
+from . import data, transforms  # noqa: F401  (registers TinyRegression with giga_datasets, ScaleX in TRANSFORMS)
 from .models import Encoder, Head
 
 
