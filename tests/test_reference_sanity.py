@@ -149,3 +149,18 @@ def test_disk_data_path(reference_docs):
     assert sorted(first_epoch) == list(range(10)) + list(range(12, 22))   # each child cut to its first 10
     tester = doc['phases'][0]['runners'][1]
     assert tester['properties']['after_load']['data_size'] == 10 and len(tester['results']) == 10
+
+
+def test_comparable_and_diff(reference_docs):
+    import copy
+
+    view = harness.comparable(reference_docs['main'])
+    assert harness.diff(view, view) == []
+    other = copy.deepcopy(view)
+    trainer = other[0]['runners'][0]
+    trainer['lr'][3][0][0] *= 1.001                       # lr compares to rtol 1e-5: found
+    trainer['total_loss'][2][0] *= 1 + 1e-7               # a loss within tolerance: not reported
+    trainer['hooks'][5] = (2, 'apply_fp8_renamed', 0)
+    lines = harness.diff(view, other)
+    assert len(lines) == 2, lines
+    assert any('.lr[3][0][0]' in line for line in lines) and any('.hooks[5][1]' in line for line in lines), lines

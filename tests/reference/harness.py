@@ -73,6 +73,60 @@ def hook_sequence(runner, skip=('print',)):
     return [(c['depth'], c['hook'], c['step']) for c in runner['calls'] if c['hook'] not in skip]
 
 
+SCALAR = (int, float, str, bool, type(None))
+
+
+def comparable(doc):
+    """The parts of a recorded JSON that two implementations should agree on, per phase and runner:
+    hook sequence (depth, hook, step; `print` left out), per step the lr at its first micro-batch, the
+    scheduler's last lr after it, the sample indices and total_loss of each micro-batch, the logged
+    scalars, the properties whose values are plain scalars (types of wrappers differ by design), the
+    Tester's results, and the checkpoint tree under models/ plus config.json."""
+    out = []
+    for phase in doc['phases']:
+        runners = []
+        for r in phase['runners']:
+            runners.append(dict(
+                runner=r['runner'],
+                hooks=hook_sequence(r),
+                lr=[s['lr'] for s in r['steps']],
+                last_lr=[s['last_lr'] for s in r['steps']],
+                indices=[[mb['indices'] for mb in s['micro_batches']] for s in r['steps']],
+                total_loss=[[mb.get('total_loss') for mb in s['micro_batches']] for s in r['steps']],
+                properties={when: {k: v for k, v in props.items() if isinstance(v, SCALAR)}
+                            for when, props in r['properties'].items()},
+                results=r['results'],
+            ))
+        out.append(dict(runners=runners, logged=phase['logged'],
+                        tree=[p for p in phase['tree'] if p.startswith('models/') or p == 'config.json']))
+    return out
+
+
+def diff(expected, actual, rtol=1e-5, atol=1e-7, path='doc'):
+    """Differences between two `comparable(...)` values as readable lines; floats within rtol/atol
+    (losses: the two venvs run different torch builds), everything else exactly."""
+    lines = []
+    if isinstance(expected, float) and isinstance(actual, (int, float)) and not isinstance(actual, bool):
+        if abs(expected - actual) > atol + rtol * abs(expected):
+            lines.append('%s: %r != %r' % (path, expected, actual))
+    elif isinstance(expected, dict) and isinstance(actual, dict):
+        for k in sorted(set(expected) | set(actual), key=str):
+            if k not in actual:
+                lines.append('%s.%s: missing' % (path, k))
+            elif k not in expected:
+                lines.append('%s.%s: unexpected %r' % (path, k, actual[k]))
+            else:
+                lines += diff(expected[k], actual[k], rtol, atol, '%s.%s' % (path, k))
+    elif isinstance(expected, (list, tuple)) and isinstance(actual, (list, tuple)):
+        if len(expected) != len(actual):
+            lines.append('%s: length %d != %d' % (path, len(expected), len(actual)))
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            lines += diff(e, a, rtol, atol, '%s[%d]' % (path, i))
+    elif expected != actual:
+        lines.append('%s: %r != %r' % (path, expected, actual))
+    return lines
+
+
 if __name__ == '__main__':  # python -m tests.reference.harness [SCENARIO] : build, record, print the JSON path
     scenario = sys.argv[1] if len(sys.argv) > 1 else 'main'
     work = os.path.join('/tmp', 'gigatrain-ref-record')
