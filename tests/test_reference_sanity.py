@@ -168,3 +168,15 @@ def test_comparable_and_diff(reference_docs):
     lines = harness.diff(view, other)
     assert len(lines) == 2, lines
     assert any('.lr[3][0][0]' in line for line in lines) and any('.hooks[5][1]' in line for line in lines), lines
+
+
+def test_recordings_match_the_committed_snapshots(reference_docs):
+    # tests/reference/snapshots/*.json: the reference's recordings as committed (for reading without
+    # building the venv); a live run must give the same comparable view (the reference is deterministic).
+    import json
+    import os
+
+    for scenario, doc in reference_docs.items():
+        with open(os.path.join(harness.HERE, 'snapshots', scenario + '.json')) as f:
+            snapshot = json.load(f)
+        assert harness.diff(harness.comparable(snapshot), harness.comparable(doc)) == [], scenario
