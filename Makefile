@@ -9,7 +9,15 @@ $(VENV)/.installed: pyproject.toml
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	touch $@
 
-.PHONY: demo test
+# The real GigaTrain 1.1.0 (+ giga-datasets) from the registry, in a venv of its own, for the differential
+# tests in tests/reference (never in .venv: both are imported as `giga_train`).
+REF_VENV ?= .venv-gigatrain
+$(REF_VENV)/.installed: tests/reference/setup.sh tests/reference/constraints.txt
+	bash tests/reference/setup.sh $(REF_VENV)
+
+reference: $(REF_VENV)/.installed
+
+.PHONY: demo test reference
 demo: $(VENV)/.installed
 	$(VENV)/bin/giga-train train examples/char_lm/configs/cpu.py
 
