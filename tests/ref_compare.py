@@ -1,23 +1,19 @@
 """Run a tests/reference/ script under GigaTrain 1.1.0 (its own interpreter) and under ours.
 
-The reference interpreter: $GIGATRAIN_REF_PYTHON, else .venv-gigatrain/bin/python in the repository
-(built by tests/reference/'s set-up); without one the comparison tests skip."""
+The reference interpreter: $GIGATRAIN_REF_PYTHON, else the venv tests/reference/harness.py builds from
+the registry on first use (.venv-gigatrain): never skipped."""
 import json
 import os
 import subprocess
 import sys
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def reference_python():
-    candidates = [os.environ.get("GIGATRAIN_REF_PYTHON"), os.path.join(ROOT, ".venv-gigatrain", "bin", "python")]
-    for path in candidates:
-        if path and os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
+    from tests.reference import harness
+    given = os.environ.get("GIGATRAIN_REF_PYTHON")
+    return given if given else harness.reference_python()
 
 
 def run_script(python, script, cases=None, cwd=None):
@@ -34,10 +30,8 @@ def run_script(python, script, cases=None, cwd=None):
 
 
 def compare_with_reference(script, cases=None):
-    """(reference output, our output) of `script`; skips without a reference interpreter."""
+    """(reference output, our output) of `script`."""
     python = reference_python()
-    if python is None:
-        pytest.skip("no GigaTrain 1.1.0 interpreter ($GIGATRAIN_REF_PYTHON or .venv-gigatrain)")
     ref = run_script(python, script, cases)
     assert ref["version"] == "1.1.0", f"{python} imports giga_train {ref['version']}, not GigaTrain 1.1.0"
     ours = run_script(sys.executable, script, cases)

@@ -82,7 +82,7 @@ def base_config(project_dir):
     return dict(
         project_dir=project_dir,
         runners=['ref_client.trainer.RefTrainer', 'ref_client.tester.RefTester'],
-        launch=dict(gpu_ids=[0], distributed_type='NO'),
+        launch=dict(distributed_type='NO'),  # one process on the CPU (run_tasks reads no launch key)
         dataloaders=dict(
             train=dict(data_or_config=data, batch_size_per_gpu=4, num_workers=0, transform=None,
                        sampler=dict(type='DefaultSampler', shuffle=True)),

@@ -43,8 +43,10 @@ class TinyRegression(torch.utils.data.Dataset):
 
 try:  # GigaTrain's data path resolves `_class_name` through giga_datasets' registry.
     from giga_datasets import register_dataset
-except ImportError:
-    pass
+except ImportError:  # no giga_datasets: a framework with a dataset registry of its own (giga-train's)
+    import giga_train
+    if hasattr(giga_train, 'DATASETS'):
+        giga_train.DATASETS.register(TinyRegression)
 else:
     register_dataset(TinyRegression)
 
