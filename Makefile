@@ -21,5 +21,8 @@ reference: $(REF_VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/giga-train train examples/char_lm/configs/cpu.py
 
+# The reference venv builds in the background while the other tests run; the tests that compare with
+# GigaTrain run last (tests/conftest.py) and wait for it (tests/reference/harness.py holds a lock).
 test: $(VENV)/.installed
+	$(PY) -c "from tests.reference import harness; harness.reference_python()" > .venv-gigatrain.log 2>&1 &
 	$(PY) -m pytest -q

@@ -11,17 +11,6 @@ import pytest
 from tests.reference import harness
 
 
-@pytest.fixture(scope='session')
-def reference_docs(tmp_path_factory):
-    from concurrent.futures import ThreadPoolExecutor
-
-    work = tmp_path_factory.mktemp('gigatrain-reference')
-    harness.reference_python()
-    with ThreadPoolExecutor(max_workers=2) as pool:   # each scenario is its own subprocess(es)
-        futures = {s: pool.submit(harness.record, s, work) for s in harness.SCENARIOS}
-        return {s: f.result() for s, f in futures.items()}
-
-
 def test_structure(reference_docs):
     for scenario, doc in reference_docs.items():
         assert doc['schema'] == 1 and doc['scenario'] == scenario
