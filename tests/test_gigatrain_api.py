@@ -16,7 +16,7 @@ def client_config(project_dir, runners=("tests.gigatrain_client.HookTrainer",), 
     return dict(
         runners=list(runners),
         project_dir=str(project_dir),
-        launch=dict(distributed_type="NO", **launch),
+        launch=dict(dict(distributed_type="NO"), **launch),
         dataloaders=dict(train=dict(data_or_config=dict(_class_name="CountingDataset", size=24),
                                     batch_size_per_gpu=4, num_workers=0),
                          test=dict(data_or_config=dict(_class_name="CountingDataset", size=23),

@@ -146,8 +146,8 @@ class BatchDroppingTrainer(TinyTrainer):
         drop = {int(s) for s in os.environ.get("GT_NAN", "").split(",") if s}
         self.drawn = getattr(self, "drawn", self.step)
         while self.drawn + 1 in drop:
-            for _ in range(self.accumulation):
-                next(self.data)
+            for _ in range(self.gradient_accumulation_steps):
+                next(self._stream)
             self.drawn += 1
         self.drawn += 1
         return super().train_step()

@@ -35,7 +35,7 @@ class CheckpointHooks:
     def resume(self, checkpoint=None):
         """Continue from `checkpoint` (a checkpoint folder, or its name under model_dir; None: the newest
         complete one), written by any strategy at any world size."""
-        path = self.get_checkpoint(checkpoint)
+        path = self.checkpoints.latest() if checkpoint is None else self._checkpoint_path(checkpoint)
         if path is None:
             log.info("resume: no checkpoint in %s yet; starting from step 0", self.model_dir)
             return
@@ -49,12 +49,15 @@ class CheckpointHooks:
         model_dir; a list gives a list), or the newest complete one (None when there is none)."""
         if checkpoint is None:
             return self.checkpoints.latest()
-        paths = [os.path.join(self.model_dir, c) if str(c).startswith("checkpoint") else str(c)
-                 for c in (checkpoint if isinstance(checkpoint, (list, tuple)) else [checkpoint])]
+        paths = [self._checkpoint_path(c) for c in (checkpoint if isinstance(checkpoint, (list, tuple)) else [checkpoint])]
         missing = [p for p in paths if not os.path.exists(p)]
         if missing:
             raise ConfigError(f"checkpoint {missing[0]}: no such folder")
         return paths if isinstance(checkpoint, (list, tuple)) else paths[0]
+
+    def _checkpoint_path(self, checkpoint):
+        """A checkpoint given by name ('checkpoint_...': under model_dir) or by path."""
+        return os.path.join(self.model_dir, checkpoint) if str(checkpoint).startswith("checkpoint") else str(checkpoint)
 
     def load_checkpoint(self, checkpoint, models, strict=True):
         """Load model folders (config.json naming the class in `_class_name`, and the weights) into the

@@ -353,8 +353,9 @@ class Trainer(CheckpointHooks, Runner):
                    sum(p.numel() for p in self.get_trainable_parameters(self.unwrapped_model)))
         self.print("num_processes: %d, process_index: %d, data_size: %d, batch_size: %d, epoch_size: %d",
                    self.num_processes, self.process_index, self.data_size, self.batch_size, self.epoch_size)
-        self.print("training from step %d to %d on %s; checkpoints in %s, logs in %s", self.step, self.max_steps,
-                   self.device, self.model_dir, self.logging_dir)
+        self.print("training %s from step %d to %d (%d samples/step) on %s; checkpoints in %s, logs in %s",
+                   type(self.unwrapped_model).__name__, self.step, self.max_steps, self.batch_size, self.device,
+                   self.model_dir, self.logging_dir)
         self._start_time = time.perf_counter()
 
     def print_step(self):
