@@ -40,7 +40,8 @@ class MetricLogger:
     def __init__(self, log_dir, log_with, is_main, start_step, max_steps, samples_per_step, show_bar=True):
         self.is_main, self.samples_per_step = is_main, samples_per_step
         self.writer = None
-        if is_main and log_with == "tensorboard":
+        trackers = [log_with] if isinstance(log_with, str) else list(log_with or ())  # the schema gives a list
+        if is_main and "tensorboard" in trackers:
             from torch.utils.tensorboard import SummaryWriter
             # purge_step hides events a crashed run wrote past the step we resume from.
             self.writer = SummaryWriter(log_dir, purge_step=start_step + 1 if start_step else None)
