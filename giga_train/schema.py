@@ -213,7 +213,7 @@ def train_kwargs(section, schema=None):
     return extra
 
 
-def test_kwargs(section):
+def tester_kwargs(section):
     return train_kwargs(section, TEST)
 
 

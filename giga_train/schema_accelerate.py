@@ -88,14 +88,14 @@ def normalise_fsdp(user):
 
     Keys may be written without the 'fsdp_' prefix, as Accelerate allows."""
     where = "launch.fsdp_config"
-    given = {}
+    given, named = {}, {}
     for key, value in dict(user or {}).items():
         full = key if key.startswith("fsdp_") else f"fsdp_{key}"
         if full not in FSDP_KEYS:
             raise ConfigError(f"{where}.{key}: unknown key{did_you_mean(full, FSDP_KEYS)}")
         if full in given:
-            raise ConfigError(f"{where}: '{key}' and '{full}' are the same key; give it once")
-        given[full] = value
+            raise ConfigError(f"{where}: '{named[full]}' and '{key}' are the same key; give it once")
+        given[full], named[full] = value, key
     out = dict(FSDP_DEFAULTS)
     at = lambda k: f"{where}.{k}"  # noqa: E731
     if "fsdp_version" in given:
