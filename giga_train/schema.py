@@ -7,8 +7,8 @@ from .config import Config
 from .errors import ConfigError, RegistryError
 from .fp8 import check_fp8_config
 from .schema_accelerate import check_cluster_key, dynamo_from_launch, normalise_deepspeed, normalise_fsdp
-from .registry import (DATASETS, OPTIMIZERS, SAMPLERS, SCHEDULERS, STRATEGIES, TRANSFORMS, TYPE_KEYS, did_you_mean,
-                       import_object)
+from .registry import (DATASETS, OPTIMIZERS, SAMPLERS, SCHEDULERS, STRATEGIES, TRANSFORMS, TYPE_KEYS,
+                       check_call_arguments, did_you_mean, import_object)
 
 REQUIRED = object()
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
@@ -558,10 +558,11 @@ def _check_loader(where, loader, required=True, open_keys=False):
         raise ConfigError(f"{where}: give sampler or batch_sampler, not both (batch_sampler replaces the sampler)")
     if loader.sampler is not None:
         _check_built(f"{where}.sampler", SAMPLERS, loader.sampler,
-                     supplied=("dataset", "batch_size", "seed", "rank", "world_size"))
+                     supplied=("dataset", "batch_size", "seed", "rank", "world_size"), giga_datasets="sampler")
     if loader.batch_sampler is not None:
         _check_built(f"{where}.batch_sampler", SAMPLERS, loader.batch_sampler,
-                     supplied=("dataset", "batch_size", "batch_size_per_gpu", "seed", "rank", "world_size"))
+                     supplied=("dataset", "batch_size", "batch_size_per_gpu", "seed", "rank", "world_size"),
+                     giga_datasets="sampler")
     if loader.collator is not None and loader.collate_fn is not None:
         raise ConfigError(f"{where}: give collator (GigaTrain's) or collate_fn, not both")
     if loader.filter is not None:
@@ -583,7 +584,7 @@ def _check_data(where, data):
     if isinstance(data, str):
         return  # a giga_datasets folder: opened when the dataloader is built
     if isinstance(data, dict):
-        _check_built(where, DATASETS, data)
+        _check_built(where, DATASETS, data, giga_datasets="dataset")
     elif isinstance(data, (list, tuple)):
         if not data:
             raise ConfigError(f"{where}: an empty list names no dataset")
@@ -596,10 +597,37 @@ def _check_data(where, data):
                           f" map-style Dataset, got {type(data).__name__}")
 
 
-def _check_built(where, registry, cfg, supplied=()):
+def _check_built(where, registry, cfg, supplied=(), giga_datasets=None):
+    """A registered name and the arguments its class takes. With `giga_datasets` ('dataset' or 'sampler'), a name
+    our registry lacks may be one of giga_datasets' (GigaTrain's data companion, when installed): GigaTrain looks
+    `_class_name` up in its dataset registry (the class's load(config) takes the whole dict) and registers its
+    samplers in SAMPLERS."""
     if not any(k in cfg for k in TYPE_KEYS):
         raise ConfigError(f"{where}: needs 'type' naming one of {', '.join(registry.names())}")
+    name = next(cfg[k] for k in TYPE_KEYS if k in cfg)
+    if giga_datasets and isinstance(name, str) and name not in registry and "." not in name:
+        cls = _giga_datasets_class(name, giga_datasets)
+        if cls is not None:
+            if giga_datasets == "sampler":
+                kwargs = {k: v for k, v in cfg.items() if k not in TYPE_KEYS}
+                try:
+                    check_call_arguments(cls, kwargs, supplied, what=f"giga_datasets.{name}")
+                except RegistryError as e:
+                    raise ConfigError(f"{where}: {e}") from None
+            return
     try:
         registry.check_arguments(cfg, supplied)
     except RegistryError as e:
         raise ConfigError(f"{where}: {e}") from None
+
+
+def _giga_datasets_class(name, kind):
+    """giga_datasets' dataset (by its registry) or sampler `name`, or None (not there, or not installed)."""
+    try:
+        import giga_datasets
+        if kind == "dataset":
+            from giga_datasets.datasets.dataset import DATASETS as registered
+            return registered.get(name)
+    except Exception:  # not installed, or its own imports fail: our registries alone answer
+        return None
+    return getattr(giga_datasets, name, None)
