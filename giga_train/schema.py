@@ -493,6 +493,20 @@ def _check_train(train, project_dir, given=()):
     train.logging_dir = resolve_logging_dir(project_dir, train.logging_dir)
 
 
+def checkpoint_steps(train, epoch_size):
+    """Optimizer steps between periodic checkpoints (None: none), from the normalised train section.
+
+    By epochs, checkpoint_interval counts epochs (0.5: every half epoch; at least one step). GigaTrain does this
+    only while checkpoint_interval < max_epochs and otherwise reads the same number as steps (max_epochs=1,
+    checkpoint_interval=3: every 3 steps); here it is always epochs when training by epochs (listed difference)."""
+    interval = train.checkpoint_interval
+    if interval is None:
+        return None
+    if train.max_epochs is not None:
+        return max(1, int(interval * epoch_size))
+    return int(interval)
+
+
 def _trackers(value):
     """log_with: a name or a list (GigaTrain hands it to Accelerate) -> a list of the trackers to open."""
     names = [value] if isinstance(value, str) else list(value)

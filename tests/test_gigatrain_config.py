@@ -8,7 +8,7 @@ import pytest
 from giga_train import ConfigError, load_config
 from giga_train.cli import main
 from giga_train.runners import validated_runners
-from giga_train.schema import TRAIN, edit_distance, near_miss, resolve_logging_dir, train_kwargs
+from giga_train.schema import TRAIN, checkpoint_steps, edit_distance, near_miss, resolve_logging_dir, train_kwargs
 from giga_train.schema import tester_kwargs as kwargs_of_test
 from giga_train.schema_accelerate import normalise_deepspeed, normalise_fsdp
 from tests.tiny import tiny_config
@@ -58,6 +58,13 @@ def test_checkpoint_interval_counts_epochs_when_training_by_epochs(tmp_path):
     cfg = checked(tmp_path, max_steps=40, checkpoint_interval=10.0)
     assert cfg.train.checkpoint_interval == 10 and isinstance(cfg.train.checkpoint_interval, int)
     refused(tmp_path, "train.checkpoint_interval: 2.5 steps is not a whole number", checkpoint_interval=2.5)
+    by_epochs = checked(tmp_path, max_steps=None, max_epochs=4, checkpoint_interval=0.5).train
+    assert checkpoint_steps(by_epochs, epoch_size=10) == 5 and checkpoint_steps(by_epochs, epoch_size=1) == 1
+    by_epochs.checkpoint_interval = 3  # >= max_epochs is still epochs here (GigaTrain would read 3 steps)
+    by_epochs.max_epochs = 1
+    assert checkpoint_steps(by_epochs, epoch_size=10) == 30
+    assert checkpoint_steps(checked(tmp_path, checkpoint_interval=7).train, epoch_size=10) == 7
+    assert checkpoint_steps(checked(tmp_path).train, epoch_size=10) is None
     refused(tmp_path, "train.checkpoint_interval: must be > 0", checkpoint_interval=0)
 
 
