@@ -81,7 +81,8 @@ MALFORMED = [
     (set_in(["train", "max_step"], 5), "train.max_step: unknown key; did you mean 'max_steps'?"),
     (set_in(["trian"], {}), "trian: unknown key; did you mean 'train'?"),
     (set_in(["train", "max_steps"], "ten"), "train.max_steps: expected an integer, got str 'ten'"),
-    (set_in(["train", "max_steps"], 0), "train.max_steps: must be >= 1"),
+    # GigaTrain's max_steps=0 means "not set" (tests/test_gigatrain_config.py): a negative count is the error now
+    (set_in(["train", "max_steps"], -1), "train.max_steps: must be >= 0"),
     (set_in(["optimizers", "type"], "Adamw8"), "optimizers: unknown optimizer 'Adamw8'; did you mean 'AdamW'?"),
     (set_in(["optimizers", "betaz"], (0.9, 0.9)), "optimizers: optimizer 'AdamW' takes no argument 'betaz';"
                                                     " did you mean 'betas'?"),
