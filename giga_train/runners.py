@@ -20,14 +20,16 @@ def validated_runners(cfg):
 
 
 def run_runners(cfg):
-    """Build and run each runner in turn (this process is one rank); returns the last one."""
+    """Build and run each runner in turn (this process is one rank); returns the last Trainer (the last
+    runner when none trains)."""
     from .distributed.env import fill_slurm_rendezvous
     fill_slurm_rendezvous(cfg.launch)
-    runner = None
+    runner = trainer = None
     for cls in validated_runners(cfg):
         runner = cls.load(cfg)
         runner.print("config: %s", runner.config.to_dict())  # as load() built it (a runner may vary it)
         if isinstance(runner, Trainer):
+            trainer = runner
             runner.save_config(runner.config)
             resume = runner.train_config.get("resume")
             if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
@@ -39,4 +41,4 @@ def run_runners(cfg):
                 break  # the job was asked to stop: the rerun resumes this runner
         else:
             runner.test()
-    return runner
+    return trainer or runner

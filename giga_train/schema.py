@@ -141,7 +141,7 @@ TRAIN = dict(
     logging_dir=Key(None, str),  # None: $AIHC_TENSORBOARD_LOG_PATH if non-empty, else {project_dir}/logs
     # GigaTrain's `kwargs` conventions (read from self.kwargs by its Trainer)
     max_grad_norm=Key(None, numbers.Real, min=0),
-    grad_norm_type=Key(2.0, (numbers.Real, str)),  # 'inf' allowed
+    grad_norm_type=Key(None, (numbers.Real, str)),  # None: 2; 'inf' allowed
     loss_nan_total_limit=Key(None, int),  # NaN steps in a row before the run stops; <= 0: never stop
     resume=Key(False, (bool, str)),
     # ours
@@ -481,7 +481,8 @@ def _check_train(train, project_dir, given=()):
         if train.grad_norm_type.strip().lower() not in ("inf", "infinity"):
             raise ConfigError(f"train.grad_norm_type: expected a number or 'inf', got {train.grad_norm_type!r}")
         train.grad_norm_type = float("inf")
-    train.grad_norm_type = float(train.grad_norm_type)
+    if train.grad_norm_type is not None:
+        train.grad_norm_type = float(train.grad_norm_type)
     if train.loss_nan_total_limit is not None:  # GigaTrain's NaN limit: ours counts skipped steps in a row
         limit = train.loss_nan_total_limit if train.loss_nan_total_limit > 0 else None
         if "max_nan_steps" in given and train.max_nan_steps != limit:

@@ -68,7 +68,7 @@ class AsyncRun(TinyTrainer):
 class AsyncResumed(TinyTrainer):
     @classmethod
     def load(cls, config):
-        half = os.path.join(config["project_dir"], "async", "models", "checkpoint_epoch_0_step_2")
+        half = os.path.join(config["project_dir"], "async", "models", "checkpoint_epoch_1_step_2")
         return super().load(_variant(config, "async_resumed", checkpoint_async=True, resume=half))
 
 
@@ -138,7 +138,7 @@ def test_kill_9_while_an_async_write_is_in_flight_resumes_from_the_previous_chec
     assert run.returncode == -9, run.stderr[-2000:]
     models = tmp_path / "killed" / "models"
     assert [s for s, _ in list_checkpoints(str(models))] == [2]  # 4 was in flight: never renamed into place
-    assert (models / ".tmp_checkpoint_epoch_0_step_4" / "optimizer_dcp").is_dir()
+    assert (models / ".tmp_checkpoint_epoch_1_step_4" / "optimizer_dcp").is_dir()
     resumed = launch_from_config(cfg)
     assert resumed.losses == reference.losses[2 * 2:]
     for folder in ("model", "model_ema"):
@@ -165,7 +165,7 @@ def test_a_writer_error_surfaces_at_the_next_wait_point_as_one_line(tmp_path):
                       runner=f"{__name__}.FailingWriterTrainer")
     with pytest.raises(RuntimeError) as error:
         launch_from_config(cfg)
-    newest = str(tmp_path / "models" / "checkpoint_epoch_0_step_2")
+    newest = str(tmp_path / "models" / "checkpoint_epoch_1_step_2")
     assert str(error.value) == ("checkpoint at step 4: writing it in the background failed: RuntimeError: the storage"
                                 f" went away; the newest complete checkpoint is {newest}")
     assert "the storage went away" in str(error.value.__cause__)  # the writer's own traceback comes along

@@ -50,8 +50,8 @@ def test_overridden_hooks_are_called_in_order_with_per_sample_losses(tmp_path):
     assert (trainer.num_processes, trainer.process_index, trainer.is_main_process, trainer.is_last_process) == \
         (1, 0, True, True)
     assert (trainer.data_size, trainer.batch_size, trainer.epoch_size) == (24, 8, 3)
-    assert trainer.mixed_precision == "no" and str(trainer.dtype) == "torch.float32"
-    assert sorted(os.listdir(trainer.model_dir)) == ["checkpoint_epoch_0_step_2", "checkpoint_epoch_0_step_3"]
+    assert trainer.mixed_precision is None and str(trainer.dtype) == "torch.float32"  # GigaTrain: None when unset
+    assert sorted(os.listdir(trainer.model_dir)) == ["checkpoint_epoch_1_step_2", "checkpoint_epoch_1_step_3"]
     saved = json.load(open(tmp_path / "config.json"))  # save_config: what load_config(project_dir) reads
     assert saved["train"]["my_option"] == 3 and saved["runners"] == ["tests.gigatrain_client.HookTrainer"]
 

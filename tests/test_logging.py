@@ -24,7 +24,7 @@ def test_tensorboard_scalars_and_text_log(tmp_path, capsys):
     text = (tmp_path / "logs" / "train.log").read_text()
     assert "step 12 | aux" in text and "saved" in text and "done at step 12, final loss" in text
     err = capsys.readouterr().err
-    assert str(tmp_path / "models" / "checkpoint_epoch_0_step_12") in err and "tensorboard --logdir" in err
+    assert str(tmp_path / "models" / "checkpoint_epoch_1_step_12") in err and "tensorboard --logdir" in err
 
 
 def test_resumed_run_appends_to_the_same_logs(tmp_path):

@@ -44,7 +44,7 @@ def test_named_losses_are_summed_and_module_dict_dispatches(tmp_path):
     assert set(trainer.last_metrics) >= {"lm", "aux", "total_loss", "lr", "grad_norm", "step_time", "samples_per_sec"}
     assert trainer.last_metrics["total_loss"] == pytest.approx(trainer.last_metrics["lm"] + trainer.last_metrics["aux"],
                                                          rel=1e-5)
-    files = sorted(os.listdir(tmp_path / "models" / "checkpoint_epoch_0_step_4" / "model"))
+    files = sorted(os.listdir(tmp_path / "models" / "checkpoint_epoch_1_step_4" / "model"))
     assert files == ["aux.safetensors", "lm.safetensors"]
 
 
@@ -80,7 +80,7 @@ def test_mixed_precision_trains(tmp_path, precision):
     assert all(torch.isfinite(torch.tensor(trainer.losses)))
     assert next(trainer.unwrapped_model.parameters()).dtype == torch.float32  # weights stay fp32
     if precision == "fp16":
-        state = torch.load(tmp_path / "models" / "checkpoint_epoch_0_step_3" / "precision.pt", weights_only=True)
+        state = torch.load(tmp_path / "models" / "checkpoint_epoch_1_step_3" / "precision.pt", weights_only=True)
         assert state["precision"]["scaler"]["scale"] > 0
 
 
@@ -109,9 +109,9 @@ def test_ema_is_the_average_of_the_weights(tmp_path):
     cfg = tiny_config(tmp_path, max_steps=2, with_ema=True, ema_decay=0.5, checkpoint_interval=1)
     launch_from_config(cfg)
     models = tmp_path / "models"
-    w1 = load_weights(str(models / "checkpoint_epoch_0_step_1" / "model"))
-    w2 = load_weights(str(models / "checkpoint_epoch_0_step_2" / "model"))
-    ema = load_weights(str(models / "checkpoint_epoch_0_step_2" / "model_ema"))
+    w1 = load_weights(str(models / "checkpoint_epoch_1_step_1" / "model"))
+    w2 = load_weights(str(models / "checkpoint_epoch_1_step_2" / "model"))
+    ema = load_weights(str(models / "checkpoint_epoch_1_step_2" / "model_ema"))
     for key in ("blocks.0.qkv.weight", "embed.weight", "pos"):
         # GigaTrain's decay warm-up: update 1 copies w1 (decay 0), update 2 has decay min(2/11, 0.5)
         expected = 2 / 11 * w1[key] + 9 / 11 * w2[key]

@@ -148,8 +148,10 @@ def worker_main(results):
     try:
         trainer = run_runners(cfg)
         if trainer.is_main_process:
-            summary = dict(step=trainer.step, metrics=getattr(trainer, "last_metrics", {}),
-                           checkpoint=trainer.checkpoints.latest(), preempted=trainer.preempted)
+            checkpoints = getattr(trainer, "checkpoints", None)  # a Tester-only job has none
+            summary = dict(step=getattr(trainer, "step", None), metrics=getattr(trainer, "last_metrics", {}),
+                           checkpoint=checkpoints.latest() if checkpoints else None,
+                           preempted=getattr(trainer, "preempted", False))
             with open(os.path.join(results, "result.json"), "w") as f:
                 json.dump(summary, f)
     except (ConfigError, TrainingStopped) as e:  # the same on every rank: report it once, do not restart

@@ -6,6 +6,7 @@ import os
 
 from ..checkpoint import is_complete, load_weights
 from ..errors import ConfigError
+from ..schema import checkpoint_steps
 
 log = logging.getLogger("giga_train")
 
@@ -14,11 +15,8 @@ class CheckpointHooks:
     def save_checkpoint_step(self):
         """After every step: save when train.checkpoint_interval says (steps; epochs when training by
         epochs, a float being a fraction of one). The last step is saved at the end of train()."""
-        interval = self.train_config.checkpoint_interval
-        if not interval:
-            return
-        every = max(int(interval * self.epoch_size if self.by_epoch else interval), 1)
-        if self.step % every == 0:
+        every = checkpoint_steps(self.train_config, self.epoch_size)
+        if every and self.step % every == 0:
             self.save_checkpoint()
 
     def save_checkpoint(self):
@@ -26,7 +24,8 @@ class CheckpointHooks:
         comes before anything is written."""
         self._settle_skips(wait=True)
         self.wait_for_checkpoint()  # at most one save in flight: its error surfaces here
-        self.checkpoints.save(self.step, self.epoch, self.checkpoint_meta(), self.state_dict)
+        # GigaTrain's name: checkpoint_epoch_{cur_epoch}_step_{cur_step}, cur_epoch = ceil(step / epoch_size)
+        self.checkpoints.save(self.step, self.cur_epoch, self.checkpoint_meta(), self.state_dict)
 
     def wait_for_checkpoint(self, raise_errors=True):
         """Return once no checkpoint is being written in the background (train.checkpoint_async)."""
@@ -43,21 +42,6 @@ class CheckpointHooks:
             raise ConfigError(f"train.resume: {path} is not a complete checkpoint folder")
         self.checkpoints.load(path, self.load_state_dict)
         log.info("resumed from %s at step %d (epoch %d)", path, self.step, self.epoch)
-
-    def get_checkpoint(self, checkpoint=None):
-        """A checkpoint folder: `checkpoint` itself (a name starting with 'checkpoint' is looked up under
-        model_dir; a list gives a list), or the newest complete one (None when there is none)."""
-        if checkpoint is None:
-            return self.checkpoints.latest()
-        paths = [self._checkpoint_path(c) for c in (checkpoint if isinstance(checkpoint, (list, tuple)) else [checkpoint])]
-        missing = [p for p in paths if not os.path.exists(p)]
-        if missing:
-            raise ConfigError(f"checkpoint {missing[0]}: no such folder")
-        return paths if isinstance(checkpoint, (list, tuple)) else paths[0]
-
-    def _checkpoint_path(self, checkpoint):
-        """A checkpoint given by name ('checkpoint_...': under model_dir) or by path."""
-        return os.path.join(self.model_dir, checkpoint) if str(checkpoint).startswith("checkpoint") else str(checkpoint)
 
     def load_checkpoint(self, checkpoint, models, strict=True):
         """Load model folders (config.json naming the class in `_class_name`, and the weights) into the

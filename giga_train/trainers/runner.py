@@ -8,16 +8,16 @@ import os
 
 import torch
 
+from ..checkpoint import list_checkpoints
 from ..config import Config, load_config
 from ..distributed.env import setup_environment
 from ..errors import ConfigError
 from ..precision import AUTOCAST_DTYPES
-from ..schema import validate_config
+from ..schema import resolve_logging_dir, validate_config
 from ..tracking import text_logger
 
 log = logging.getLogger("giga_train")
 _LOADING = contextvars.ContextVar("giga_train_loading", default=None)  # the whole config, during load()
-LOG_DIR_VARIABLE = "AIHC_TENSORBOARD_LOG_PATH"  # GigaTrain's: where logs go when logging_dir is not set
 
 
 @contextlib.contextmanager
@@ -53,16 +53,18 @@ class Runner:
                               " (the config names the launch, data and models as well)")
         self.config = config
         self.options = Config(options)  # this runner's section as given (defaults filled by the schema)
-        self.kwargs = {k: v for k, v in options.items() if k not in self.OWN_KEYWORDS}
+        self.kwargs = self.extra_options(options)
         self.env = setup_environment(config.launch)
         self._project_dir = os.path.normpath(project_dir)
-        logging_dir = options.get("logging_dir") or os.environ.get(LOG_DIR_VARIABLE)
-        self._logging_dir = os.path.expanduser(os.path.expandvars(logging_dir)) if logging_dir else \
-            os.path.join(self._project_dir, "logs")
+        self._logging_dir = resolve_logging_dir(self._project_dir, options.get("logging_dir"))
         self.logger = text_logger(self._logging_dir, self.env.is_main, self.LOG_NAME)
         self._dataloaders, self._models = [], []
 
     def prepare_arguments(self, config):
+        raise NotImplementedError
+
+    def extra_options(self, options):
+        """GigaTrain's self.kwargs: the keys of this runner's section that are not its constructor's."""
         raise NotImplementedError
 
     # -- where the job runs ---------------------------------------------------------------------
@@ -139,6 +141,22 @@ class Runner:
     @property
     def data_size(self):
         return len(self.dataloader.dataset)
+
+    def get_checkpoint(self, checkpoint=None):
+        """A checkpoint folder: `checkpoint` itself (a name starting with 'checkpoint' is looked up under
+        model_dir; a list gives a list), or the newest complete one (None when there is none)."""
+        if checkpoint is None:
+            found = list_checkpoints(self.model_dir)
+            return found[-1][1] if found else None
+        paths = [self._checkpoint_path(c) for c in (checkpoint if isinstance(checkpoint, (list, tuple)) else [checkpoint])]
+        missing = [p for p in paths if not os.path.exists(p)]
+        if missing:
+            raise ConfigError(f"checkpoint {missing[0]}: no such folder")
+        return paths if isinstance(checkpoint, (list, tuple)) else paths[0]
+
+    def _checkpoint_path(self, checkpoint):
+        """A checkpoint given by name ('checkpoint_...': under model_dir) or by path."""
+        return os.path.join(self.model_dir, checkpoint) if str(checkpoint).startswith("checkpoint") else str(checkpoint)
 
     def print(self, msg, *args, **kwargs):
         """Log on the main process only."""

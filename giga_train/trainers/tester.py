@@ -9,6 +9,7 @@ import torch
 
 from ..data import build_dataset
 from ..registry import TRANSFORMS, import_object
+from ..schema import tester_kwargs
 from ..utils import as_list
 from .runner import Runner
 
@@ -54,6 +55,9 @@ class Tester(Runner):
         torch.manual_seed(self.options.get("seed", 6666))
         self.log_interval = self.options.get("log_interval", 100)
         self._cur_step = 0
+
+    def extra_options(self, options):
+        return tester_kwargs(options)
 
     def prepare_arguments(self, config):
         models = config.models

@@ -29,6 +29,7 @@ from ..optimizers import build_optimizer
 from ..optimizers.group import OptimizerGroup
 from ..registry import STRATEGIES
 from ..schedulers import SCHEDULERS
+from ..schema import train_kwargs
 from ..tracking import MetricLogger
 from .checkpoint_hooks import CheckpointHooks
 from .nan_guard import NanGuard, SchedulerRewind
@@ -69,6 +70,15 @@ class Trainer(CheckpointHooks, Runner):
         self._optimizers, self._schedulers, self.ema = [], [], None
         self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
         seed_everything(self.train_config.seed)  # every rank builds the same initial weights
+
+    def extra_options(self, options):
+        return train_kwargs(options)
+
+    @property
+    def mixed_precision(self):
+        """As GigaTrain's Trainer: None without mixed precision."""
+        mode = self.options.get("mixed_precision")
+        return None if mode in (None, "no") else mode
 
     def prepare_arguments(self, config):
         models = config.models
