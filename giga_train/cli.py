@@ -2,6 +2,7 @@
 import argparse
 import sys
 
+from .checkpoint.errors import CheckpointError
 from .config import ConfigError, load_config
 from .registry import RegistryError
 from .trainers.nan_guard import TrainingStopped
@@ -35,12 +36,14 @@ def main(argv=None):
             return 0
         from .distributed import launch_from_config
         launch_from_config(args.config, args.overrides)
-    except (ConfigError, RegistryError, ValueError) as e:
+    except (ConfigError, RegistryError) as e:  # bad input: one line naming the key, file or value
         print(f"giga-train: error: {e}", file=sys.stderr)
         return 2
-    except TrainingStopped as e:  # e.g. the NaN guard: one line, exit 1
+    except (TrainingStopped, CheckpointError) as e:  # the NaN guard, a full disk, a refused file: one line
         print(f"giga-train: error: {e}", file=sys.stderr)
         return 1
+    # Anything else (a ValueError in the user's model or dataset included) keeps its traceback: it is
+    # a bug to find, not bad input; under a launcher each rank printed its own, this adds one line.
     except KeyboardInterrupt:
         print("giga-train: interrupted", file=sys.stderr)
         return 130

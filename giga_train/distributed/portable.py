@@ -16,6 +16,8 @@ import tempfile
 
 import torch
 
+from ..checkpoint.safe_unpickle import SafeFileSystemReader, load_metadata, safe_torch_loads, torch_load
+
 log = logging.getLogger("giga_train")
 DEEPSPEED_DIR, DEEPSPEED_TAG, DEEPSPEED_META = "deepspeed", "state", "giga_meta.json"
 
@@ -23,7 +25,9 @@ DEEPSPEED_DIR, DEEPSPEED_TAG, DEEPSPEED_META = "deepspeed", "state", "giga_meta.
 def read_dcp(folder):
     """The whole optimizer state that a NO/DDP/FSDP rank set wrote to `folder/optimizer_dcp`."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-    return _load_state_dict_from_keys(checkpoint_id=os.path.join(folder, "optimizer_dcp"))["optimizer"]
+    source = os.path.join(folder, "optimizer_dcp")
+    load_metadata(os.path.join(source, ".metadata"))  # refused here in one line, before DCP wraps it
+    return _load_state_dict_from_keys(storage_reader=SafeFileSystemReader(source))["optimizer"]
 
 
 def deepspeed_meta(folder):
@@ -59,8 +63,7 @@ def read_deepspeed(folder, names, param_groups):
 def deepspeed_parameters(folder):
     """(names with shapes in the optimizer's order, one {"params": [...]} per group) from DeepSpeed's own
     files, for reading its state without the model (giga-train convert)."""
-    saved = torch.load(os.path.join(folder, DEEPSPEED_DIR, DEEPSPEED_TAG, "mp_rank_00_model_states.pt"),
-                       map_location="cpu", weights_only=False)
+    saved = torch_load(os.path.join(folder, DEEPSPEED_DIR, DEEPSPEED_TAG, "mp_rank_00_model_states.pt"))
     groups = saved.get("param_shapes")
     if not groups:  # ZeRO-0 in fp32: the module's own order, without buffers and tied duplicates
         skip = set(saved.get("buffer_names") or ()) | set(saved.get("shared_params") or ())
@@ -78,8 +81,7 @@ def _groups_by_name(ours, saved, names):
 
 def _read_unpartitioned(state_dir, names, param_groups):
     """ZeRO-0 in fp32: the engine saved the torch optimizer's own (index-keyed) state dict."""
-    saved = torch.load(os.path.join(state_dir, "mp_rank_00_model_states.pt"), map_location="cpu",
-                       weights_only=False)
+    saved = torch_load(os.path.join(state_dir, "mp_rank_00_model_states.pt"))
     optim = saved["optimizer"]
     index_to_name = {}
     order = iter(names)
@@ -98,11 +100,12 @@ def _to_universal(state_dir, out):
     args = argparse.Namespace(input_folder=state_dir, output_folder=out, num_extract_workers=1,
                               num_merge_workers=1, keep_temp_folder=False, strict=True,
                               inject_missing_state=False)
-    ds_to_universal(args)
+    with safe_torch_loads():  # its torch.load(weights_only=False) calls go through the allow-list
+        ds_to_universal(args)
 
 
 def _load_piece(path, shape):
-    value = torch.load(path, map_location="cpu", weights_only=False)
+    value = torch_load(path)
     value = value["param"] if isinstance(value, dict) else value  # stages 1-2 wrap it; stage 3 is flat
     return value.detach().float().reshape(shape).clone()
 
@@ -111,7 +114,7 @@ def _saved_inner_state(state_dir):
     """Rank 0's inner torch-optimizer state dict: its step count and its groups' hyperparameters
     (the lr the scheduler last set), which the universal form does not carry."""
     path = sorted(glob.glob(os.path.join(state_dir, "*rank_0_*optim_states.pt")))[0]
-    saved = torch.load(path, map_location="cpu", weights_only=False)["optimizer_state_dict"]
+    saved = torch_load(path)["optimizer_state_dict"]
     return saved.get("base_optimizer_state") or saved["optimizer_state_dict"]  # stages 1-2, stage 3
 
 
