@@ -30,9 +30,23 @@ def launch_from_config(config, overrides=()):
     cfg = load_config(config, overrides)
     validate_config(cfg)
     world_size = world_size_of(cfg.launch)
-    if world_size == 1 or started_by_a_launcher(world_size):
-        return run_runners(cfg)
-    return spawn(cfg, world_size)
+    with _project_lock(cfg, world_size):
+        if world_size == 1 or started_by_a_launcher(world_size):
+            return run_runners(cfg)
+        return spawn(cfg, world_size)
+
+
+def _project_lock(cfg, world_size):
+    """One run per project_dir: held by the process that runs or launches the job's first rank (this
+    one when it spawns the ranks or is the only one; rank 0 under torchrun/SLURM; machine 0's launcher)."""
+    import contextlib
+
+    from ..checkpoint.lock import ProjectLock
+    if world_size > 1 and started_by_a_launcher(world_size):
+        first = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+    else:
+        first = int(os.environ.get("SLURM_NODEID", cfg.launch.get("machine_rank", 0) or 0)) == 0
+    return ProjectLock(cfg.project_dir) if first else contextlib.nullcontext()
 
 
 def run_runners(cfg):
