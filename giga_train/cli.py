@@ -4,6 +4,7 @@ import sys
 
 from .checkpoint.errors import CheckpointError
 from .config import ConfigError, load_config
+from .distributed.launch import RankFailed
 from .registry import RegistryError
 from .trainers.nan_guard import TrainingStopped
 
@@ -39,14 +40,16 @@ def main(argv=None):
     except (ConfigError, RegistryError) as e:  # bad input: one line naming the key, file or value
         print(f"giga-train: error: {e}", file=sys.stderr)
         return 2
-    except (TrainingStopped, CheckpointError) as e:  # the NaN guard, a full disk, a refused file: one line
+    except (TrainingStopped, CheckpointError, RankFailed) as e:
+        # the NaN guard, a full disk, a refused or damaged file, a stuck rank; a rank's error (its own
+        # traceback printed above): one line, exit 1
         print(f"giga-train: error: {e}", file=sys.stderr)
         return 1
-    # Anything else (a ValueError in the user's model or dataset included) keeps its traceback: it is
-    # a bug to find, not bad input; under a launcher each rank printed its own, this adds one line.
     except KeyboardInterrupt:
         print("giga-train: interrupted", file=sys.stderr)
         return 130
+    # Anything else (a ValueError in the user's model or dataset included) keeps its traceback: a bug
+    # to find where it happened, not bad input.
     return 0
 
 
