@@ -239,3 +239,16 @@ def test_lock_refusals_in_this_process(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ProjectLockedError, match=r"project_dir .*file/x: not a writable folder"):
         ProjectLock(str(tmp_path / "file" / "x")).acquire()
+
+
+def test_disk_error_reads_torch_checkpoint_exceptions():
+    """torch 2.13's CheckpointException holds {rank: (exception, traceback)}; older ones {rank: exception}."""
+    import errno
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from giga_train.checkpoint import disk_error
+    full = OSError(errno.EFBIG, "File too large")
+    assert disk_error(CheckpointException("write", {0: (full, None)})) is full
+    assert disk_error(CheckpointException("write", {1: full})) is full
+    assert disk_error(CheckpointException("write", {0: (ValueError("x"), None)})) is None

@@ -269,7 +269,11 @@ def disk_error(exc):
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
             return e
-        code = OS_ERROR_IN_TEXT.search(str(e))  # safetensors' Rust I/O errors carry only the text
+        try:
+            text = str(e)
+        except Exception:  # e.g. a CheckpointException whose failures are not the pairs its __str__ expects
+            text = ""
+        code = OS_ERROR_IN_TEXT.search(text)  # safetensors' Rust I/O errors carry only the text
         if code and int(code.group(1)) in DISK_ERRNOS:
             return OSError(int(code.group(1)), os.strerror(int(code.group(1))))
         todo += [e.__cause__, e.__context__]
