@@ -239,6 +239,20 @@ def test_lock_refusals_in_this_process(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ProjectLockedError, match=r"project_dir .*file/x: not a writable folder"):
         ProjectLock(str(tmp_path / "file" / "x")).acquire()
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models").chmod(0o500)
+    try:
+        if not os.access(tmp_path / "models", os.W_OK):  # root writes anywhere: nothing to refuse then
+            with pytest.raises(ProjectLockedError, match=r"models/ is not a writable folder \(checkpoints go there\)"):
+                ProjectLock(str(tmp_path)).acquire()
+            ProjectLock(str(tmp_path)).acquire().release()  # the refusal released the lock
+    finally:
+        (tmp_path / "models").chmod(0o700)
+    (tmp_path / "logs").write_text("")  # a file where the logs folder goes
+    with pytest.raises(ProjectLockedError, match=r"logs/ is not a writable folder \(logs go there\)"):
+        ProjectLock(str(tmp_path)).acquire()
+    from giga_train.checkpoint import lock
+    assert not lock._HELD  # nothing is held after a refusal
 
 
 def test_disk_error_reads_torch_checkpoint_exceptions():

@@ -47,6 +47,13 @@ class ProjectLock:
                 raise ProjectLockedError(
                     f"project_dir {self.project_dir}: in use by another run ({holder}); wait for it to end,"
                     f" or give this run another project_dir (the lock is {self.path})") from None
+            for sub in ("models", "logs"):  # found at the start, not at the first save
+                folder = os.path.join(os.path.dirname(self.path), sub)
+                if os.path.exists(folder) and not (os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)):
+                    fcntl.lockf(fd, fcntl.LOCK_UN)
+                    os.close(fd)
+                    raise ProjectLockedError(f"project_dir {self.project_dir}: {sub}/ is not a writable folder"
+                                             f" ({'checkpoints' if sub == 'models' else 'logs'} go there)")
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(dict(pid=os.getpid(), host=socket.gethostname(),
                                           since=time.strftime("%Y-%m-%d %H:%M:%S"))).encode() + b"\n", 0)
