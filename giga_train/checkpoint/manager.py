@@ -176,16 +176,17 @@ class CheckpointManager:
 
         resume=True: the newest complete checkpoint by write order whose files are intact; a damaged one
         is passed over with one warning line naming the file. A path: that checkpoint, or
-        CorruptCheckpointError naming the file. Checkpoints without recorded checksums are taken as they
+        CorruptCheckpointError naming the damaged file (ConfigError when it is no checkpoint folder). Checkpoints without recorded checksums are taken as they
         are. With `env` (several ranks): the main rank decides, every rank gets the same answer (or error).
         The result also becomes this run's parent (note_resumed)."""
+        from ..config import ConfigError
         from .errors import CorruptCheckpointError
         decided = error = None
         if env is None or env.is_main:
             try:
                 decided = self._choose(resume)
-            except CorruptCheckpointError as e:
-                error = str(e)
+            except (ConfigError, CorruptCheckpointError) as e:
+                error = (type(e).__name__, str(e))
         if env is not None and env.world_size > 1:
             import torch.distributed as dist
             if dist.is_initialized():
@@ -193,19 +194,19 @@ class CheckpointManager:
                 dist.broadcast_object_list(shared, src=0, group=getattr(env, "cpu_group", None))
                 decided, error = shared
         if error is not None:
-            raise CorruptCheckpointError(error)
+            raise (ConfigError if error[0] == "ConfigError" else CorruptCheckpointError)(error[1])
         if decided is not None:
             self.note_resumed(decided)
         return decided
 
     def _choose(self, resume):
+        from ..config import ConfigError
         from .errors import CorruptCheckpointError
         if not resume:
             return None
         if resume is not True:
-            if not is_complete(resume):
-                raise CorruptCheckpointError(f"train.resume: {resume} is not a complete checkpoint folder"
-                                             f" (no readable meta.json)", resume)
+            if not is_complete(resume):  # bad input (exit 2), as before checksums
+                raise ConfigError(f"train.resume: {resume} is not a complete checkpoint folder")
             bad = verify(resume)
             if bad is not None:
                 raise CorruptCheckpointError(f"train.resume: {bad}; nothing was loaded", resume)
@@ -215,6 +216,7 @@ class CheckpointManager:
             if bad is None:
                 return path
             log.warning("resume: passing over %s: %s; trying the checkpoint before it", path, bad)
+        log.info("resume: no (intact) checkpoint in %s; starting from step 0", self.models_dir)
         return None
 
     def _set_aside(self, path):
