@@ -266,3 +266,17 @@ def test_disk_error_reads_torch_checkpoint_exceptions():
     assert disk_error(CheckpointException("write", {0: (full, None)})) is full
     assert disk_error(CheckpointException("write", {1: full})) is full
     assert disk_error(CheckpointException("write", {0: (ValueError("x"), None)})) is None
+
+
+def test_nan_config_values_are_refused():
+    """giga_train.checks.refuse_nan: the schema's call (validate_config) refuses max_grad_norm=nan."""
+    from giga_train.checks import refuse_nan
+    from giga_train.config import ConfigError, load_config
+    cfg = load_config(tiny_config("unused", max_grad_norm=float("nan")))
+    with pytest.raises(ConfigError, match=r"^train\.max_grad_norm: nan is not a number"):
+        refuse_nan(cfg)
+    cfg = load_config(tiny_config("unused", max_grad_norm=float("inf")))
+    cfg["optimizers"]["betas"] = (0.9, float("nan"))
+    with pytest.raises(ConfigError, match=r"^optimizers\.betas\[1\]: nan"):
+        refuse_nan(cfg)
+    refuse_nan(load_config(tiny_config("unused", max_grad_norm=float("inf"))))  # inf: no clipping, allowed

@@ -63,7 +63,11 @@ def read_deepspeed(folder, names, param_groups):
 def deepspeed_parameters(folder):
     """(names with shapes in the optimizer's order, one {"params": [...]} per group) from DeepSpeed's own
     files, for reading its state without the model (giga-train convert)."""
-    saved = torch_load(os.path.join(folder, DEEPSPEED_DIR, DEEPSPEED_TAG, "mp_rank_00_model_states.pt"))
+    state_dir = os.path.join(folder, DEEPSPEED_DIR, DEEPSPEED_TAG)
+    found = sorted(glob.glob(os.path.join(state_dir, "*mp_rank_00_model_states.pt")))  # ZeRO-3: zero_pp_rank_N_...
+    if not found:
+        raise FileNotFoundError(f"{state_dir}: no DeepSpeed model states file (*mp_rank_00_model_states.pt)")
+    saved = torch_load(found[0])
     groups = saved.get("param_shapes")
     if not groups:  # ZeRO-0 in fp32: the module's own order, without buffers and tied duplicates
         skip = set(saved.get("buffer_names") or ()) | set(saved.get("shared_params") or ())
@@ -80,16 +84,22 @@ def _groups_by_name(ours, saved, names):
 
 
 def _read_unpartitioned(state_dir, names, param_groups):
-    """ZeRO-0 in fp32: the engine saved the torch optimizer's own (index-keyed) state dict."""
+    """ZeRO-0: the engine saved the torch optimizer's own (index-keyed) state dict; in bf16/fp16 inside
+    DeepSpeed's wrapper, with the fp32 master weights beside it (then also returned, else None)."""
     saved = torch_load(os.path.join(state_dir, "mp_rank_00_model_states.pt"))
-    optim = saved["optimizer"]
+    optim, weights = saved["optimizer"], None
+    if "optimizer_state_dict" in optim:  # bf16/fp16: {"optimizer_state_dict", "fp32_groups", loss scale...}
+        masters = [t for group in optim.get("fp32_groups") or [] for t in group]
+        if len(masters) == len(names):
+            weights = {name: t.detach().float().reshape(shape).clone() for (name, shape), t in zip(names, masters)}
+        optim = optim["optimizer_state_dict"]
     index_to_name = {}
     order = iter(names)
     for group in optim["param_groups"]:
         for index in group["params"]:
             index_to_name[index] = next(order)[0]
     state = {index_to_name[i]: s for i, s in optim["state"].items()}
-    return None, dict(state=state, param_groups=_groups_by_name(param_groups, optim["param_groups"], names))
+    return weights, dict(state=state, param_groups=_groups_by_name(param_groups, optim["param_groups"], names))
 
 
 def _to_universal(state_dir, out):
