@@ -2,7 +2,7 @@
 anywhere): a NaN never passes for a number."""
 import math
 
-from .config import ConfigError
+from .errors import ConfigError
 
 SECTIONS = ("train", "optimizers", "schedulers", "launch")
 

@@ -18,19 +18,21 @@ from giga_train.cli import main
 from tests.tiny import TinyTrainer, tiny_config
 
 
-class VerifiedResumeTrainer(TinyTrainer):
-    """The trainer with the resume call-site the lead adds to Trainer._resume (CheckpointManager.resume_path:
-    checksums verified, the lineage noted). Remove once trainer.py has it."""
-
-    def _resume(self, resume):
-        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
-            resume = resume or True
-        path = self.checkpoints.resume_path(resume, self.env)
-        if path is not None:
-            self.load_checkpoint(path)
+def verified_resume_path(self, resume):
+    """Checkpointer.resume_path as the lead makes it (CheckpointManager.resume_path: checksums verified,
+    the lineage noted for rotation). The fixture below puts it in place until checkpointer.py has it."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        resume = resume or True
+    return self.folders.resume_path(resume, self.env)
 
 
-class PoisonTrainer(VerifiedResumeTrainer):
+@pytest.fixture(autouse=True)
+def _verified_resume(monkeypatch):
+    from giga_train.checkpoint.checkpointer import Checkpointer
+    monkeypatch.setattr(Checkpointer, "resume_path", verified_resume_path)
+
+
+class PoisonTrainer(TinyTrainer):
     """From step GT_POISON on, the weights hold a NaN after each step (as max_grad_norm=nan did)."""
 
     def train_step(self):
@@ -59,7 +61,7 @@ class Warnings(logging.Handler):
         logging.getLogger("giga_train").removeHandler(self)
 
 
-RUNNER = "tests.test_reliability_checkpoints.VerifiedResumeTrainer"
+RUNNER = "tests.tiny.TinyTrainer"
 
 
 def steps(project):

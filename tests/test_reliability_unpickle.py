@@ -9,10 +9,10 @@ import torch
 
 from giga_train import launch_from_config
 from giga_train.checkpoint import list_checkpoints
-from giga_train.checkpoint.errors import UnsafeCheckpointError
+from giga_train.errors import UnsafeCheckpointError
 from giga_train.checkpoint.safe_unpickle import load_dcp, load_metadata, safe_torch_loads, torch_load
 from giga_train.cli import main
-from giga_train.distributed import portable
+from giga_train.checkpoint import portable
 from tests.tiny import tiny_config
 
 

@@ -1,4 +1,4 @@
-from .errors import CheckpointError, CorruptCheckpointError, ProjectLockedError, UnsafeCheckpointError
+from ..errors import CheckpointError, CorruptCheckpointError, ProjectLockedError, UnsafeCheckpointError
 from .manager import CheckpointManager, disk_error, free_bytes, is_complete, list_checkpoints, read_meta, verify
 from .snapshot import host_copy
 from .state import load_weights, rng_state, save_weights, set_rng_state

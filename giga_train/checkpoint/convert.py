@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from .manager import is_complete
 from .state import load_weights, save_weights
 
@@ -39,7 +39,7 @@ def convert(checkpoint, to, out=None):
 
 def read_state(checkpoint):
     """(whole fp32 weights, full optimizer state dict keyed by parameter name) of a checkpoint."""
-    from ..distributed.portable import deepspeed_meta, deepspeed_parameters, read_dcp, read_deepspeed
+    from .portable import deepspeed_meta, deepspeed_parameters, read_dcp, read_deepspeed
     files = os.listdir(os.path.join(checkpoint, "model"))
     weights = load_weights(os.path.join(checkpoint, "model"), members=not any(f.startswith("model.") for f in files))
     if deepspeed_meta(checkpoint) is None:

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 
-from .errors import ProjectLockedError
+from ..errors import ProjectLockedError
 
 LOCK_FILE = ".giga_train.lock"
 _HELD = {}

@@ -12,6 +12,8 @@ import shutil
 import time
 import uuid
 
+from ..errors import ConfigError, CorruptCheckpointError
+
 NAME = re.compile(r"^checkpoint_epoch_(\d+)_step_(\d+)$")
 META = "meta.json"
 TMP_PREFIX = ".tmp_"
@@ -179,8 +181,6 @@ class CheckpointManager:
         CorruptCheckpointError naming the damaged file (ConfigError when it is no checkpoint folder). Checkpoints without recorded checksums are taken as they
         are. With `env` (several ranks): the main rank decides, every rank gets the same answer (or error).
         The result also becomes this run's parent (note_resumed)."""
-        from ..config import ConfigError
-        from .errors import CorruptCheckpointError
         decided = error = None
         if env is None or env.is_main:
             try:
@@ -200,8 +200,6 @@ class CheckpointManager:
         return decided
 
     def _choose(self, resume):
-        from ..config import ConfigError
-        from .errors import CorruptCheckpointError
         if not resume:
             return None
         if resume is not True:

@@ -21,7 +21,7 @@ import threading
 
 import torch
 
-from .errors import UnsafeCheckpointError
+from ..errors import UnsafeCheckpointError
 
 # (module, name) a DCP .metadata file legitimately names (torch 2.6-2.13; checked on files that NO, DDP,
 # FSDP1/2 and convert wrote): DCP's own metadata classes, torch sizes, dtypes, layouts, memory formats.

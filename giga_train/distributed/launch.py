@@ -14,10 +14,10 @@ import threading
 import traceback
 import uuid
 
-from ..checkpoint.errors import CheckpointError
-from ..config import ConfigError, load_config
-from ..schema import validate_config, world_size_of
-from ..trainers.nan_guard import TrainingStopped
+from ..config import load_config
+from ..errors import CheckpointError, ConfigError, RankFailed, TrainingStopped
+from ..runners import run_runners, validated_runners
+from ..schema import world_size_of
 from .env import TIMEOUT_VARIABLE, collective_timeout
 from .preemption import ForwardSIGUSR1, write_pid
 
@@ -35,7 +35,7 @@ def started_by_a_launcher(world_size):
 def launch_from_config(config, overrides=()):
     """Run every runner of `config` (a path, module path or dict). Returns the main rank's summary."""
     cfg = load_config(config, overrides)
-    validate_config(cfg)
+    validated_runners(cfg)
     world_size = world_size_of(cfg.launch)
     with _project_lock(cfg, world_size):
         if world_size == 1 or started_by_a_launcher(world_size):
@@ -54,19 +54,6 @@ def _project_lock(cfg, world_size):
     else:
         first = int(os.environ.get("SLURM_NODEID", cfg.launch.get("machine_rank", 0) or 0)) == 0
     return ProjectLock(cfg.project_dir) if first else contextlib.nullcontext()
-
-
-def run_runners(cfg):
-    from ..registry import import_object
-    from .env import fill_slurm_rendezvous
-    fill_slurm_rendezvous(cfg.launch)
-    trainer = None
-    for path in cfg.runners:
-        trainer = import_object(path)(cfg)
-        trainer.train()
-        if trainer.preempted:
-            break  # the job was asked to stop: the rerun resumes this runner
-    return trainer
 
 
 def spawn(cfg, world_size):
@@ -124,10 +111,6 @@ def spawn(cfg, world_size):
             else:
                 os.environ[key] = value
         shutil.rmtree(results, ignore_errors=True)
-
-
-class RankFailed(Exception):
-    """A rank failed: its own traceback (an error in the user's code) is above; this is the one line."""
 
 
 def _read_result(results):

@@ -16,7 +16,7 @@ import tempfile
 
 import torch
 
-from ..checkpoint.safe_unpickle import SafeFileSystemReader, load_metadata, safe_torch_loads, torch_load
+from .safe_unpickle import SafeFileSystemReader, load_metadata, safe_torch_loads, torch_load
 
 log = logging.getLogger("giga_train")
 DEEPSPEED_DIR, DEEPSPEED_TAG, DEEPSPEED_META = "deepspeed", "state", "giga_meta.json"
@@ -146,8 +146,3 @@ def _read_universal(work, state_dir, names, param_groups):
         state[name] = entry
     return weights, dict(state=state, param_groups=_groups_by_name(param_groups, inner["param_groups"], names))
 
-
-def trainable_names(model, optimizer):
-    """(name, shape) of each parameter the optimizer steps, in the optimizer's order."""
-    by_id = {id(p): (n, tuple(p.shape)) for n, p in model.named_parameters()}
-    return [by_id[id(p)] for g in optimizer.param_groups for p in g["params"]]
