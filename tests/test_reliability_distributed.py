@@ -91,3 +91,13 @@ def test_a_value_error_in_process_propagates(tmp_path, monkeypatch):
     path.write_text(f"config = {cfg!r}\n")
     with pytest.raises(ValueError, match="boom in forward_step"):
         main(["train", str(path)])
+
+
+def test_collective_timeout_sources(monkeypatch):
+    from giga_train.config import Config
+    from giga_train.distributed.env import collective_timeout
+    monkeypatch.delenv("GIGA_TRAIN_COLLECTIVE_TIMEOUT", raising=False)
+    assert collective_timeout().total_seconds() == 600  # NCCL's own default; gloo's would be 30 minutes
+    monkeypatch.setenv("GIGA_TRAIN_COLLECTIVE_TIMEOUT", "42")
+    assert collective_timeout(Config(num_processes=2)).total_seconds() == 42
+    assert collective_timeout(Config(collective_timeout=7)).total_seconds() == 7  # the config key wins

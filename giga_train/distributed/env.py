@@ -13,6 +13,7 @@ class Environment:
     world_size: int = 1
     device: torch.device = torch.device("cpu")
     cpu_group: object = None  # a gloo group for host-side agreement when the default backend is NCCL
+    timeout: object = None  # the collectives' timeout (a timedelta; the watchdog), for groups made later
 
     @property
     def is_main(self):
@@ -109,14 +110,15 @@ def init_process_group(env, launch=None):
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size,
                               is_master=not agent_store and env.rank == 0)
         extra["store"] = dist.PrefixStore(f"giga_train/attempt_{restart}", store)
-    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=collective_timeout(launch),
-                            **extra)
+    env.timeout = collective_timeout(launch)
+    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=env.timeout, **extra)
     _add_cpu_group(env, launch)
 
 
 def _add_cpu_group(env, launch=None):
     """Env.agree_any needs gloo: the default group when it is gloo, else one gloo group beside it."""
     import torch.distributed as dist
+    env.timeout = env.timeout or collective_timeout(launch)
     if env.cpu_group is None and env.world_size > 1 and dist.get_backend() != "gloo":
         # a collective: every rank creates it here
-        env.cpu_group = dist.new_group(backend="gloo", timeout=collective_timeout(launch))
+        env.cpu_group = dist.new_group(backend="gloo", timeout=env.timeout)
