@@ -30,5 +30,8 @@ def test_convert_reads_every_deepspeed_layout(tmp_path, stage, ranks, precision)
     from tests.tiny import MODEL
     names = {n for n, _ in CharLM(**MODEL).named_parameters()}
     assert set(optimizer["state"]) == names and optimizer["param_groups"][0]["lr"] > 0
-    assert all(float(s["step"]) == 2 for s in optimizer["state"].values())
+    # DeepSpeed's unfused bf16/fp16 wrapper (ZeRO-0) takes one zero-gradient step at start-up
+    # (initialize_optimizer_states): its Adam step count is one ahead of the trainer's
+    expected = 2 + (stage == 0 and precision != "no")
+    assert {float(s["step"]) for s in optimizer["state"].values()} == {expected}
     assert main(["convert", path, "--to", "dcp", "--out", str(tmp_path / "dcp")]) == 0
