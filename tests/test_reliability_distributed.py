@@ -58,7 +58,8 @@ def test_a_stopped_rank_ends_the_job_in_one_line_keeping_the_checkpoints(tmp_pat
     assert "rank 0: RuntimeError:" in lines[0] and "another rank stuck, stopped or gone" in lines[0], lines
     assert "is 5 s" in lines[0] and lines[0].endswith("checkpoint_epoch_0_step_2"), lines
     assert [s for s, _ in list_checkpoints(str(tmp_path / "run" / "models"))] == [2]
-    assert seconds < 120  # the 5 s limit, and the agent's 30 s grace before it SIGKILLs the stopped rank
+    # start-up, the 5 s limit, and no 30 s grace of the agent: the healthy rank SIGKILLs the stopped one
+    assert seconds < 75, seconds
 
 
 def test_sigint_to_a_ddp_job_is_one_line(tmp_path):

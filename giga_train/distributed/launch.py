@@ -212,6 +212,7 @@ def worker_main(results):
                              f" ${TIMEOUT_VARIABLE}, is {collective_timeout(cfg.launch).total_seconds():.0f} s);"
                              f" the checkpoints on disk are unchanged, the newest complete one is"
                              f" {_newest(cfg) or 'none yet'}")
+            _kill_stopped_peers(results)
         else:
             traceback.print_exc()  # an error in the user's code (or ours): where it happened
             report("failed", f"error rank {rank} failed with {_first_line(e)} (its traceback is above)")
@@ -222,6 +223,21 @@ def worker_main(results):
     if dist.is_initialized() and code == 0:
         dist.destroy_process_group()  # after a failure it could wait on the peer that is stuck
     os._exit(code)
+
+
+def _kill_stopped_peers(results):
+    """SIGKILL this machine's ranks that are stopped (SIGSTOP: state T). The agent would do it after its
+    30 s grace (a stopped process never acts on the SIGTERM it sends first); the job is ending anyway."""
+    for path in glob.glob(os.path.join(results, "pid_*")):
+        try:
+            with open(path) as f:
+                pid = int(f.read())
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+            if pid != os.getpid() and state == "T":
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            pass  # gone already, or no /proc here
 
 
 def _first_line(error):
