@@ -178,8 +178,8 @@ class CheckpointManager:
 
         resume=True: the newest complete checkpoint by write order whose files are intact; a damaged one
         is passed over with one warning line naming the file. A path: that checkpoint, or
-        CorruptCheckpointError naming the damaged file (ConfigError when it is no checkpoint folder). Checkpoints without recorded checksums are taken as they
-        are. With `env` (several ranks): the main rank decides, every rank gets the same answer (or error).
+        CorruptCheckpointError naming the damaged file (ConfigError when it is no checkpoint folder).
+        Checkpoints without recorded checksums are taken as they are. With `env` (several ranks): the main rank decides, every rank gets the same answer (or error).
         The result also becomes this run's parent (note_resumed)."""
         decided = error = None
         if env is None or env.is_main:

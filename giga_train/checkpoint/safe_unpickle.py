@@ -201,4 +201,5 @@ def _first_line(e):
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
-__all__ = ["SafeFileSystemReader", "UnsafeCheckpointError", "load_dcp", "load_metadata", "safe_torch_loads", "torch_load"]
+__all__ = ["SafeFileSystemReader", "UnsafeCheckpointError", "load_dcp", "load_metadata", "safe_torch_loads",
+           "torch_load"]
