@@ -2,6 +2,7 @@
 import numbers
 
 from .blocks import class_name_problem
+from .checks import refuse_nan
 from .compile import check_dynamo_config
 from .config import Config
 from .errors import ConfigError, RegistryError
@@ -66,6 +67,7 @@ LAUNCH = dict(
     main_process_ip=Key("127.0.0.1", str),
     main_process_port=Key(None, int, min=1),  # one machine: a free port; several: 29500
     max_restarts=Key(0, int, min=0),
+    collective_timeout=Key(None, numbers.Real, min=1),  # seconds (ours): the watchdog of every collective
 )
 
 FSDP = dict(
@@ -160,6 +162,7 @@ def validate_config(cfg):
     """Fill defaults and check every section before any work starts. Returns the imported runner objects
     (that each is a runner class is checked a layer up, in runners.py)."""
     _fill("", cfg, SECTIONS)
+    refuse_nan(cfg)  # max_grad_norm=nan passes every finiteness guard and writes NaN weights
     runners = [cfg.runners] if isinstance(cfg.runners, str) else list(cfg.runners)
     if not runners:
         raise ConfigError("runners: needs at least one dotted path to a Trainer subclass")

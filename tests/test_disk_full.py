@@ -5,8 +5,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from giga_train import launch_from_config
 from giga_train.checkpoint import list_checkpoints
 from tests.tiny import tiny_config
@@ -35,10 +33,6 @@ def test_full_disk_at_a_save_keeps_the_previous_checkpoint(tmp_path):
     assert not [n for n in os.listdir(tmp_path / "models") if n.startswith(".")]  # no half-written folder
 
 
-# torch's CheckpointException is a BaseException: Checkpointer.save's `except Exception` lets it
-# through (a 60-line traceback, the half-written folder left). Passes with `except BaseException` there
-# (the lead's call-site change; disk_error already reads its (exception, traceback) pairs): then remove this.
-@pytest.mark.xfail(strict=True, reason="needs Checkpointer.save to catch BaseException (call-site change)")
 def test_full_disk_in_the_optimizer_write_is_one_line_too(tmp_path):
     """The weights fit, torch.distributed.checkpoint's optimizer file does not: torch 2.13 wraps the
     error in a CheckpointException of (exception, traceback) pairs; still the one line, nothing left."""

@@ -18,20 +18,6 @@ from giga_train.cli import main
 from tests.tiny import TinyTrainer, tiny_config
 
 
-def verified_resume_path(self, resume):
-    """Checkpointer.resume_path as the lead makes it (CheckpointManager.resume_path: checksums verified,
-    the lineage noted for rotation). The fixture below puts it in place until checkpointer.py has it."""
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
-        resume = resume or True
-    return self.folders.resume_path(resume, self.env)
-
-
-@pytest.fixture(autouse=True)
-def _verified_resume(monkeypatch):
-    from giga_train.checkpoint.checkpointer import Checkpointer
-    monkeypatch.setattr(Checkpointer, "resume_path", verified_resume_path)
-
-
 class PoisonTrainer(TinyTrainer):
     """From step GT_POISON on, the weights hold a NaN after each step (as max_grad_norm=nan did)."""
 

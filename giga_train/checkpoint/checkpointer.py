@@ -12,10 +12,10 @@ import time
 
 import torch
 
-from ..errors import ConfigError, TrainingStopped
+from ..errors import TrainingStopped
 from ..module_dict import ModuleDict
 from .async_writer import AsyncWriter
-from .manager import CheckpointManager, disk_error, free_bytes, is_complete, read_meta
+from .manager import CheckpointManager, disk_error, free_bytes, read_meta
 from .portable import deepspeed_meta, read_dcp, read_deepspeed
 from .snapshot import host_copy
 from .state import load_weights, rng_state, save_weights, set_rng_state
@@ -74,7 +74,7 @@ class Checkpointer:
                 if self.env.is_main:
                     log.info("saved %s (%.1f s)", self.folders.commit(tmp, meta), time.perf_counter() - start)
                 self.strategy.barrier()
-        except Exception as e:
+        except BaseException as e:  # torch's CheckpointException is a BaseException
             disk = disk_error(e)
             if disk is None:
                 raise
@@ -136,16 +136,7 @@ class Checkpointer:
         elastic restart resumes from the newest checkpoint whatever the config says."""
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
             resume = resume or True
-        if not resume:
-            return None
-        if resume is True:
-            path = self.latest()
-            if path is None:
-                log.info("resume: no checkpoint in %s yet; starting from step 0", self.model_dir)
-            return path
-        if not is_complete(resume):
-            raise ConfigError(f"train.resume: {resume} is not a complete checkpoint folder")
-        return resume
+        return self.folders.resume_path(resume, self.env)  # checksums verified; lineage noted for rotation
 
     def load(self, path, load_training_state):
         """Restore every rank from checkpoint `path`, written by any strategy at any world size:
