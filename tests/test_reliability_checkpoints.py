@@ -268,3 +268,12 @@ def test_nan_config_values_are_refused():
     with pytest.raises(ConfigError, match=r"^optimizers\.betas\[1\]: nan"):
         refuse_nan(cfg)
     refuse_nan(load_config(tiny_config("unused", max_grad_norm=float("inf"))))  # inf: no clipping, allowed
+
+
+def test_check_refuses_a_nan_max_grad_norm(tmp_path, capsys):
+    path = tmp_path / "cfg.py"
+    text = repr(tiny_config(tmp_path, max_grad_norm="NAN_HERE")).replace("'NAN_HERE'", "float('nan')")
+    path.write_text(f"config = {text}\n")
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == "giga-train: error: train.max_grad_norm: nan is not a number this key can take (give a finite value)\n"
