@@ -2,6 +2,7 @@
 import numbers
 
 from .blocks import class_name_problem
+from .checks import refuse_nan
 from .compile import check_dynamo_config
 from .config import Config
 from .errors import ConfigError, RegistryError
@@ -82,6 +83,7 @@ LAUNCH = dict(
     same_network=Key(None, bool),  # no effect (the machines reach main_process_ip)
     main_training_function=Key(None, str),  # notebook launcher only; no effect
     dynamo_config=Key(None, dict),  # Accelerate's form -> train.dynamo_config when that is unset
+    collective_timeout=Key(None, numbers.Real, min=1),  # seconds (ours): the watchdog of every collective
 )
 CLUSTER_REFUSED = ("downcast_bf16", "tpu_name", "tpu_zone", "tpu_use_cluster", "tpu_use_sudo", "command_file",
                    "commands", "tpu_vm", "tpu_env", "megatron_lm_config", "mpirun_config", "parallelism_config",
@@ -275,6 +277,7 @@ def validate_config(cfg):
     cfg["launch"] = Config(launch_in)
     given_train = set(cfg.get("train") or ())
     _fill("", cfg, SECTIONS)
+    refuse_nan(cfg)  # max_grad_norm=nan passes every finiteness guard and writes NaN weights
     runners = [cfg.runners] if isinstance(cfg.runners, str) else list(cfg.runners)
     if isinstance(cfg.runners, str) and "," in cfg.runners:
         runners = [r.strip() for r in cfg.runners.split(",") if r.strip()]  # GigaTrain's --runners a,b form

@@ -1,4 +1,5 @@
 """The loop: learning, accumulation = big batch, named losses, checkpointing by class, precision, EMA."""
+import math
 import os
 
 import pytest
@@ -81,7 +82,12 @@ def test_mixed_precision_trains(tmp_path, precision):
     assert next(trainer.unwrapped_model.parameters()).dtype == torch.float32  # weights stay fp32
     if precision == "fp16":
         state = torch.load(tmp_path / "models" / "checkpoint_epoch_1_step_3" / "precision.pt", weights_only=True)
-        assert state["precision"]["scaler"]["scale"] > 0
+        saved, live = state["precision"]["scaler"], trainer.strategy.precision.scaler.state_dict()
+        assert saved == live  # the loss scaler's own state, as it ended the run
+        # GradScaler starts at 2**16 and only halves (overflow) before growth_interval=2000 steps: a power
+        # of two at most 2**16, with one growth-tracker tick per step since the last overflow (3 steps)
+        assert math.log2(saved["scale"]).is_integer() and saved["scale"] <= 2.0**16
+        assert 0 <= saved["_growth_tracker"] <= 3
 
 
 def test_max_grad_norm_bounds_the_update(tmp_path):

@@ -77,7 +77,7 @@ class Checkpointer:
                 if self.env.is_main:
                     log.info("saved %s (%.1f s)", self.commit(tmp, meta), time.perf_counter() - start)
                 self.strategy.barrier()
-        except Exception as e:
+        except BaseException as e:  # torch's CheckpointException is a BaseException
             disk = disk_error(e)
             if disk is None:
                 raise
@@ -150,6 +150,11 @@ class Checkpointer:
             f" newest complete checkpoint is {self.latest() or 'none yet'}")
 
     # -- resume ---------------------------------------------------------------------------------
+    def resume_path(self, resume):
+        """The folder `resume` names (True: the newest complete and verified one), or None to start afresh;
+        checksums verified, the run's lineage noted for rotation."""
+        return self.folders.resume_path(resume, self.env)
+
     def load(self, path, load_training_state):
         """Restore every rank from checkpoint `path`, written by any strategy at any world size:
         weights, engine state, `load_training_state(state)` with the trainer's state, EMA, RNG."""

@@ -4,7 +4,7 @@ import json
 import logging
 import os
 
-from ..checkpoint import is_complete, load_weights
+from ..checkpoint import load_weights
 from ..errors import ConfigError
 from ..schema import checkpoint_steps
 
@@ -34,12 +34,11 @@ class CheckpointHooks:
     def resume(self, checkpoint=None):
         """Continue from `checkpoint` (a checkpoint folder, or its name under model_dir; None: the newest
         complete one), written by any strategy at any world size."""
-        path = self.checkpoints.latest() if checkpoint is None else self._checkpoint_path(checkpoint)
+        # the newest intact checkpoint, or the one named; checksums verified (one line for a damaged file)
+        path = self.checkpoints.resume_path(True if checkpoint is None else self._checkpoint_path(checkpoint))
         if path is None:
             log.info("resume: no checkpoint in %s yet; starting from step 0", self.model_dir)
             return
-        if not is_complete(path):
-            raise ConfigError(f"train.resume: {path} is not a complete checkpoint folder")
         self.checkpoints.load(path, self.load_state_dict)
         log.info("resumed from %s at step %d (epoch %d)", path, self.step, self.epoch)
 

@@ -13,6 +13,7 @@ from ...registry import STRATEGIES
 from ..deepspeed_config import resolve_deepspeed_config
 from ..env import init_process_group
 from ...checkpoint.portable import DEEPSPEED_DIR, DEEPSPEED_TAG, deepspeed_meta, write_deepspeed_meta
+from ...checkpoint.safe_unpickle import safe_torch_loads
 from .base import StepResult, Strategy
 from .deepspeed_state import set_full_state
 
@@ -133,8 +134,9 @@ class DeepSpeedStrategy(Strategy):
         """The engine's own files, when the same ZeRO stage at the same world size wrote them."""
         if deepspeed_meta(folder) != dict(stage=self.stage, world_size=self.env.world_size):
             return False
-        path, _ = self.model.load_checkpoint(os.path.join(folder, DEEPSPEED_DIR), tag=DEEPSPEED_TAG,
-                                             load_module_strict=self.train.checkpoint_strict)
+        with safe_torch_loads():  # DeepSpeed's own torch.load(weights_only=False) calls, allow-listed
+            path, _ = self.model.load_checkpoint(os.path.join(folder, DEEPSPEED_DIR), tag=DEEPSPEED_TAG,
+                                                 load_module_strict=self.train.checkpoint_strict)
         if path is None:
             raise FileNotFoundError(f"{folder}/deepspeed: no DeepSpeed checkpoint to resume from")
         return True

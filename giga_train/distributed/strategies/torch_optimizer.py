@@ -4,6 +4,7 @@ import os
 
 import torch
 
+from ...checkpoint.safe_unpickle import load_dcp
 from ...optimizers.found_inf import supports_found_inf
 from .base import StepResult, Strategy
 
@@ -96,14 +97,13 @@ class TorchOptimizerStrategy(Strategy):
             torch.save({"precision": state["precision"]}, os.path.join(folder, PRECISION_FILE))
 
     def load_state(self, folder):
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
         source = os.path.join(folder, OPTIMIZER_DCP)
         if not os.path.isdir(source):
             return False
         options = self.optimizer_state_options()
         state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=options)}
-        dcp.load(state, checkpoint_id=source)
+        load_dcp(state, source)  # .metadata through the allow-list, not plain pickle
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
         precision = os.path.join(folder, PRECISION_FILE)
         if os.path.isfile(precision):
