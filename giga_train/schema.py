@@ -211,8 +211,8 @@ def train_kwargs(section, schema=None):
     schema, plus GigaTrain's kwargs conventions that are set (its Trainer reads them from self.kwargs)."""
     schema = TRAIN if schema is None else schema
     extra = {k: v for k, v in section.items() if k not in schema}
-    if schema is TRAIN:
-        extra.update({k: section[k] for k in GIGATRAIN_KWARGS if section.get(k) is not None})
+    if schema is TRAIN:  # set, as GigaTrain's self.kwargs holds them only when the config gives them
+        extra.update({k: section[k] for k in GIGATRAIN_KWARGS if section.get(k) != TRAIN[k].default})
     return extra
 
 

@@ -107,8 +107,7 @@ class Trainer(CheckpointHooks, Runner):
         self.set_ema_models()
         self._schedulers = as_list(self.get_schedulers(schedulers))
         self.checkpoints = Checkpointer(self.strategy, self.model_dir, train, self.ema)
-        limit = train.get("loss_nan_total_limit")  # GigaTrain's: bad steps in a row before it stops (<= 0: never)
-        max_nan = train.max_nan_steps if limit is None else limit if limit > 0 else float("inf")
+        max_nan = train.max_nan_steps if train.max_nan_steps is not None else float("inf")  # None: never stop
         self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest)
         self._scheduler_rewind = SchedulerRewind(self.schedulers, self.optimizers)
         seed_everything(train.seed + self.process_index)  # ranks differ from here on (dropout, noise)
