@@ -54,6 +54,9 @@ class DeepSpeedStrategy(Strategy):
         self._added_env = _set_launcher_variables(self.env)
         self.model, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config,
                                                    dist_init_required=False)
+        bind = getattr(optimizer, "bind_deepspeed", None)  # CAME8Bit: which weight pieces each flat partition holds
+        if bind is not None:
+            bind(self.model.optimizer, model.named_parameters())
         self.optimizer = optimizer  # the torch optimizer: our scheduler sets its param groups' lr
         return self.model, self.optimizer
 
@@ -151,9 +154,11 @@ class DeepSpeedStrategy(Strategy):
         missing = [k for k, _ in list(module.named_parameters()) + list(module.named_buffers()) if k not in weights]
         if missing and self.train.checkpoint_strict:
             raise KeyError(f"checkpoint weights lack {missing[0]} (and {len(missing) - 1} more)")
-        _materialize_state(self.optimizer, self.model.optimizer)
+        load_full = getattr(self.optimizer, "load_full_state", None)  # CAME8Bit: its own pieces, by name
+        if load_full is None:
+            _materialize_state(self.optimizer, self.model.optimizer)
         link = getattr(self.model.optimizer, "_lazy_init_hp_params_optimizer_state", None)
-        if link is not None:  # ZeRO-1/2, bf16: point each parameter's fragment at that state
+        if link is not None and load_full is None:  # ZeRO-1/2, bf16: point each parameter's fragment at that state
             link()
         partitioned = False
         for name, param in module.named_parameters():
@@ -169,12 +174,14 @@ class DeepSpeedStrategy(Strategy):
             if hasattr(param, "ds_id") or hasattr(param, "_hp_mapping"):
                 partitioned = True
                 safe_set_full_fp32_param(param, value.to(self.device))
-                for key, tensor in optim["state"].get(name, {}).items():
+                for key, tensor in optim["state"].get(name, {}).items() if load_full is None else ():
                     if key != "step":
                         safe_set_full_optimizer_state(param, tensor.to(self.device).float(), key)
         for name, buf in module.named_buffers():
             if name in weights:
                 buf.data.copy_(weights[name].to(buf.device, buf.dtype))
+        if load_full is not None:
+            load_full(optim["state"])
         if not partitioned:  # ZeRO-0 in fp32: the engine steps our torch optimizer over the module itself
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
             set_optimizer_state_dict(module, self.optimizer, optim, options=StateDictOptions(full_state_dict=True))
