@@ -8,14 +8,15 @@ gathers every rank's pieces once, so that each rank knows where every weight is 
 
 A weight held whole by a rank (most of them at stages 1-2) is stepped as in one process, through
 views of the flat tensors (so the Triton buckets run on CUDA). A weight cut across ranks is stepped
-by `step_split` in torch, with the whole weight's statistics:
+by `step_split` in torch, with the whole weight's statistics, in three all-reduces (SUM) per step
+over every cut weight of the step together (not one per weight):
   1. local partial sums of g^2 + eps1 over the rows and columns the piece touches, the parameter's
      square sum, and per matrix the sum of the new row EMA (linear in the old rows the rank owns and
-     in the sum of g^2): one all-reduce (SUM) over every cut weight of the step;
-  2. with the factors, U = g r c; the residual statistics come from the sums of d^2, d U, U^2 with
-     d = U / s' - m (s' last step's clip scale, as the Triton kernels do): one all-reduce (SUM);
-  3. the momentum, and the 8-bit absmax of the blocks that straddle a cut: one all-reduce (MAX) of
-     those few blocks.
+     in the sum of g^2);
+  2. with the whole weight's factors, U = g r c: the square sum of U (the clip scale of the whole
+     weight; it needs the column factors, hence a second collective);
+  3. the residual's partial row/column sums, and each rank's absmax of the 8-bit blocks that
+     straddle a cut (one slot per rank: the blocks' scales are the whole block's, as in one process).
 Only the rows and 8-bit blocks that straddle a cut, and the columns, are communicated: a few floats
 per cut weight. State per piece: the codes of its elements, the scales of the blocks it touches, the
 rows it touches and all columns (fp32).
@@ -129,7 +130,12 @@ def bind(wrapper, named_parameters):
     names = {id(p): n for n, p in named_parameters}
     if isinstance(wrapper, torch.optim.Optimizer):  # ZeRO-0 in fp32: the engine steps our optimizer itself
         return {}
-    found = _pieces_of(wrapper, names)
+    return layouts_of(_pieces_of(wrapper, names))
+
+
+def layouts_of(found):
+    """{id(flat): FlatLayout} from this rank's [(flat, process group, [(name, shape, flat offset,
+    start, numel)])], every rank's pieces gathered (a collective on the default group)."""
     mine = [(k, name, shape, start, numel) for k, (_, _, entries) in enumerate(found)
             for name, shape, _, start, numel in entries]
     everyone = [mine]
@@ -313,24 +319,28 @@ def _batch_sum(values, batch, B):
 def step_split(work, group, process_group, block_size, min_8bit_size, dev, skip=None):
     """One CAME step of every cut weight in `work` ([(piece, param piece, grad piece, state)], in the
     same order and with the same cuts on every rank); p, g and state are None where a rank holds no
-    piece of that weight."""
+    piece of that weight. Three all-reduces (SUM), whatever the number of weights."""
     b1, b2, b3 = group["betas"]
     eps1, eps2 = group["eps"]
     lr, wd, clip = group["lr"], group["weight_decay"], group["clip_threshold"]
+    world = dist.get_world_size(group=process_group) if dist.is_initialized() else 1
+    rank = dist.get_rank(group=process_group) if dist.is_initialized() else 0
     red1, red2, red3 = _Slots(), _Slots(), _Slots()
     plans = []
     for pc, p, g, st in work:
-        plan = dict(pc=pc)
+        plan = dict(pc=pc, psq=red1.take(1))
         if pc.fshape is None:
-            plan["u2"], plan["psq"] = red1.take(1), red1.take(1)
+            plan["u2"] = red1.take(1)
         else:
-            plan["col"], plan["rows"] = red1.take(pc.B * pc.C), red1.take(len(pc.shared_rows()))
-            plan["rowtot"], plan["psq"] = red1.take(pc.B), red1.take(1)
-            plan["col3"], plan["rows3"] = red2.take(3 * pc.B * pc.C), red2.take(3 * len(pc.shared_rows()))
-            plan["restot"], plan["dxq"] = red2.take(pc.B), red2.take(3 * pc.B)
-            quant = pc.total > min_8bit_size
-            plan["blocks"] = pc.shared_blocks(block_size) if quant else []
+            nsr = len(pc.shared_rows())
+            plan["col"], plan["rows"], plan["rowtot"] = red1.take(pc.B * pc.C), red1.take(nsr), red1.take(pc.B)
+            plan["u2"] = red2.take(1)
+            plan["rcol"], plan["rrows"], plan["restot"] = red3.take(pc.B * pc.C), red3.take(nsr), red3.take(pc.B)
+            plan["blocks"] = pc.shared_blocks(block_size) if pc.total > min_8bit_size else []
+            plan["amax"] = red3.take(world * len(plan["blocks"]))
         plans.append(plan)
+
+    # 1. second moments: partial row/column sums of g^2 + eps1, square sum of the parameter
     buf1 = torch.zeros(red1.size, dtype=torch.float32, device=dev)
     ctx = []
     for plan, (pc, p, g, st) in zip(plans, work):
@@ -342,145 +352,103 @@ def step_split(work, group, process_group, block_size, min_8bit_size, dev, skip=
         c["p32"], c["g"] = p32, g32
         buf1[plan["psq"]] = p32.square().sum()
         if pc.fshape is None:
-            v_new = ema(st["exp_avg_sq"], g32 * g32 + eps1, b2)
-            c["v_new"] = v_new
-            c["u"] = v_new.rsqrt() * g32
+            c["v_new"] = ema(st["exp_avg_sq"], g32 * g32 + eps1, b2)
+            c["u"] = c["v_new"].rsqrt() * g32
             buf1[plan["u2"]] = c["u"].square().sum()
             continue
         C, R, B = pc.C, pc.R, pc.B
         i0, i1 = pc.start // C, (pc.start + pc.numel - 1) // C
-        nrow = i1 - i0 + 1
         rows_idx = torch.arange(i0, i1 + 1, device=dev)
         batch = rows_idx // R
-        c.update(i0=i0, nrow=nrow, batch=batch)
-        sq = _tile(g32 * g32 + eps1, pc, i0, nrow)
+        c.update(i0=i0, nrow=i1 - i0 + 1, batch=batch, owned=rows_idx * C >= pc.start)
+        sq = _tile(g32 * g32 + eps1, pc, i0, c["nrow"])
         c["sqrow"] = sq.sum(dim=1)
         buf1[plan["col"]] += _col_partial(sq, batch, B).reshape(-1)
-        shared = pc.shared_rows()
-        for k, r in enumerate(shared):
-            if i0 <= r <= i1:
-                buf1[plan["rows"].start + k] += c["sqrow"][r - i0]
-        owned = rows_idx * C >= pc.start
-        c["owned"] = owned
-        old = torch.where(owned, st["exp_avg_sq_row"], 0.0)
+        _add_shared(buf1, plan["rows"], pc, i0, c["sqrow"])
+        old = torch.where(c["owned"], st["exp_avg_sq_row"], 0.0)
         buf1[plan["rowtot"]] += b2 * _batch_sum(old, batch, B) + (1 - b2) / C * _batch_sum(c["sqrow"], batch, B)
     _all_reduce(buf1, process_group)
 
+    # 2. U = g r c with the whole weight's factors; its square sum for the clip
     buf2 = torch.zeros(red2.size, dtype=torch.float32, device=dev)
     for plan, c, (pc, p, g, st) in zip(plans, ctx, work):
         if st is None or pc.fshape is None:
             continue
         C, R, B = pc.C, pc.R, pc.B
         i0, nrow, batch = c["i0"], c["nrow"], c["batch"]
-        rowsum = c["sqrow"].clone()
-        for k, r in enumerate(pc.shared_rows()):
-            if i0 <= r < i0 + nrow:
-                rowsum[r - i0] = buf1[plan["rows"].start + k]
-        row_new = ema(st["exp_avg_sq_row"], rowsum / C, b2)
-        col_new = ema(st["exp_avg_sq_col"], buf1[plan["col"]].view(B, C) / R, b2)
+        rowsum = _with_shared(c["sqrow"], buf1, plan["rows"], pc, i0)
+        c["row_new"] = ema(st["exp_avg_sq_row"], rowsum / C, b2)
+        c["col_new"] = ema(st["exp_avg_sq_col"], buf1[plan["col"]].view(B, C) / R, b2)
         row_mean = buf1[plan["rowtot"]] / R
-        r_factor = (row_new / row_mean[batch]).rsqrt()
-        c_factor = col_new.rsqrt()
-        gt = _tile(c["g"], pc, i0, nrow)
-        u = r_factor[:, None] * c_factor[batch] * gt  # zero outside the piece
-        m = _momentum(st, pc, i0, nrow)
-        inside = _tile(torch.ones_like(c["g"]), pc, i0, nrow) > 0
-        s_old = st["clip_scale"]
-        d = torch.where(inside, u / s_old - m, 0.0)
-        c.update(row_new=row_new, col_new=col_new, u=u, m=m, d=d, inside=inside)
-        chans = (d * d, d * u, u * u)
-        col3 = buf2[plan["col3"]].view(3, B, C)
-        rows3 = buf2[plan["rows3"]].view(3, -1)
-        dxq = buf2[plan["dxq"]].view(3, B)
-        rsums = []
-        for ch, t in enumerate(chans):
-            col3[ch] += _col_partial(t, batch, B)
-            rs = t.sum(dim=1)
-            rsums.append(rs)
-            dxq[ch] += _batch_sum(rs, batch, B)
-            for k, r in enumerate(pc.shared_rows()):
-                if i0 <= r < i0 + nrow:
-                    rows3[ch, k] += rs[r - i0]
-        c["rsums"] = rsums
-        old = torch.where(c["owned"], st["exp_avg_res_row"], 0.0)
-        buf2[plan["restot"]] += _batch_sum(old, batch, B)
-    if red2.size:
-        _all_reduce(buf2, process_group)
+        r_factor = (c["row_new"] / row_mean[batch]).rsqrt()
+        c["u"] = r_factor[:, None] * c["col_new"].rsqrt()[batch] * _tile(c["g"], pc, i0, nrow)  # 0 outside
+        c["inside"] = _tile(torch.ones_like(c["g"]), pc, i0, nrow) > 0
+        buf2[plan["u2"]] = c["u"].square().sum()
+    _all_reduce(buf2, process_group)
 
-    # momentum and its 8-bit blocks: the absmax of blocks that straddle a cut is reduced (MAX)
-    red3_plan = [plan.get("blocks", []) for plan in plans]
-    nshared = sum(len(blocks) for blocks in red3_plan)
+    # 3. clip scale, momentum, residual statistics; the absmax of 8-bit blocks cut across ranks
+    buf3 = torch.zeros(red3.size, dtype=torch.float32, device=dev)
     for plan, c, (pc, p, g, st) in zip(plans, ctx, work):
         if st is None:
             continue
+        u2 = buf1[plan["u2"]] if pc.fshape is None else buf2[plan["u2"]]
+        s = (u2 / pc.total).sqrt().div(clip).clamp(min=1.0)
+        c["s"] = s
         if pc.fshape is None:
-            n = pc.total
-            s = (buf1[plan["u2"]] / n).sqrt().div(clip).clamp(min=1.0)
-            m_new = ema(st["exp_avg"], c["u"] / s, b1)
-            c.update(m_new=m_new, update=m_new)
+            c["m_new"] = ema(st["exp_avg"], c["u"] / s, b1)
+            c["update"] = c["m_new"]
             continue
         C, R, B = pc.C, pc.R, pc.B
         i0, nrow, batch = c["i0"], c["nrow"], c["batch"]
-        dxq = buf2[plan["dxq"]].view(3, B)
-        q_total = dxq[2].sum()
-        s = (q_total / pc.total).sqrt().div(clip).clamp(min=1.0)
-        delta = 1.0 / s - 1.0 / st["clip_scale"]
-        d_r, x_r, q_r = [rs.clone() for rs in c["rsums"]]
-        rows3 = buf2[plan["rows3"]].view(3, -1)
-        for k, r in enumerate(pc.shared_rows()):
-            if i0 <= r < i0 + nrow:
-                d_r[r - i0], x_r[r - i0], q_r[r - i0] = rows3[0, k], rows3[1, k], rows3[2, k]
-        e_row = (d_r + 2 * delta * x_r + delta * delta * q_r).clamp(min=0)
-        res_row_new = ema(st["exp_avg_res_row"], b1 * b1 * e_row / C + eps2, b3)
-        col3 = buf2[plan["col3"]].view(3, B, C)
-        e_col = (col3[0] + 2 * delta * col3[1] + delta * delta * col3[2]).clamp(min=0)
-        res_col_new = ema(st["exp_avg_res_col"], b1 * b1 * e_col / R + eps2, b3)
-        e_tot = dxq[0] + 2 * delta * dxq[1] + delta * delta * dxq[2]
-        res_tot = b3 * buf2[plan["restot"]] + (1 - b3) * (b1 * b1 * e_tot / C + R * eps2)
-        res_mean = res_tot / R
-        m_new = torch.where(c["inside"], c["m"] * b1 + c["u"] * ((1 - b1) / s), 0.0)
-        res_approx = (res_row_new / res_mean[batch]).rsqrt()[:, None] * res_col_new.rsqrt()[batch]
-        update = res_approx * m_new
+        u = c["u"] / s
+        m_new = torch.where(c["inside"], _momentum(st, pc, i0, nrow) * b1 + u * (1 - b1), 0.0)
+        res = torch.where(c["inside"], (u - m_new).square() + eps2, 0.0)
+        c["m_tile"], c["resrow"] = m_new, res.sum(dim=1)
+        buf3[plan["rcol"]] += _col_partial(res, batch, B).reshape(-1)
+        _add_shared(buf3, plan["rrows"], pc, i0, c["resrow"])
+        old = torch.where(c["owned"], st["exp_avg_res_row"], 0.0)
+        buf3[plan["restot"]] += b3 * _batch_sum(old, batch, B) + (1 - b3) / C * _batch_sum(c["resrow"], batch, B)
         a = pc.start - i0 * C
-        c.update(s=s, res_row_new=res_row_new, res_col_new=res_col_new,
-                 m_new=m_new.reshape(-1)[a:a + pc.numel], update=update.reshape(-1)[a:a + pc.numel])
-    buf3 = torch.zeros(nshared, dtype=torch.float32, device=dev)
-    off = 0
-    for blocks, c, (pc, p, g, st) in zip(red3_plan, ctx, work):
-        if st is not None and "exp_avg_codes" in st:
+        c["m_new"] = m_new.reshape(-1)[a:a + pc.numel]
+        if "exp_avg_codes" in st:
             c["absmax"] = _local_absmax(c["m_new"], pc, block_size)
             b0 = pc.start // block_size
-            for k, b in enumerate(blocks):
-                if 0 <= b - b0 < c["absmax"].numel():
-                    buf3[off + k] = c["absmax"][b - b0]
-        off += len(blocks)
-    _all_reduce(buf3, process_group, op=dist.ReduceOp.MAX)
-    off = 0
-    for blocks, plan, c, (pc, p, g, st) in zip(red3_plan, plans, ctx, work):
+            for k, blk in enumerate(plan["blocks"]):
+                if 0 <= blk - b0 < c["absmax"].numel():
+                    buf3[plan["amax"].start + k * world + rank] = c["absmax"][blk - b0]
+    _all_reduce(buf3, process_group)
+
+    for plan, c, (pc, p, g, st) in zip(plans, ctx, work):
         if st is None:
-            off += len(blocks)
             continue
         if pc.fshape is None:
             commit_(st["exp_avg_sq"], c["v_new"], skip)
             commit_(st["exp_avg"], c["m_new"], skip)
         else:
+            C, R, B = pc.C, pc.R, pc.B
+            i0, batch = c["i0"], c["batch"]
+            res_row_new = ema(st["exp_avg_res_row"], _with_shared(c["resrow"], buf3, plan["rrows"], pc, i0) / C, b3)
+            res_col_new = ema(st["exp_avg_res_col"], buf3[plan["rcol"]].view(B, C) / R, b3)
+            res_mean = buf3[plan["restot"]] / R
+            res_approx = (res_row_new / res_mean[batch]).rsqrt()[:, None] * res_col_new.rsqrt()[batch]
+            a = pc.start - i0 * C
+            c["update"] = (res_approx * c["m_tile"]).reshape(-1)[a:a + pc.numel]
             commit_(st["exp_avg_sq_row"], c["row_new"], skip)
             commit_(st["exp_avg_sq_col"], c["col_new"], skip)
-            commit_(st["exp_avg_res_row"], c["res_row_new"], skip)
-            commit_(st["exp_avg_res_col"], c["res_col_new"], skip)
+            commit_(st["exp_avg_res_row"], res_row_new, skip)
+            commit_(st["exp_avg_res_col"], res_col_new, skip)
             commit_(st["clip_scale"], c["s"].reshape(()), skip)
             if "exp_avg_codes" in st:
-                bs = block_size
                 absmax = c["absmax"]
-                b0 = pc.start // bs
-                for k, b in enumerate(blocks):
-                    if 0 <= b - b0 < absmax.numel():
-                        absmax[b - b0] = buf3[off + k]
-                commit_(st["exp_avg_codes"], _encode(c["m_new"], absmax, pc, bs), skip)
+                b0 = pc.start // block_size
+                amax = buf3[plan["amax"]].view(-1, world) if plan["blocks"] else None
+                for k, blk in enumerate(plan["blocks"]):
+                    if 0 <= blk - b0 < absmax.numel():
+                        absmax[blk - b0] = amax[k].max()
+                commit_(st["exp_avg_codes"], _encode(c["m_new"], absmax, pc, block_size), skip)
                 commit_(st["exp_avg_scales"], absmax, skip)
             else:
                 commit_(st["exp_avg"], c["m_new"], skip)
-        off += len(blocks)
         commit_(st["RMS"], (buf1[plan["psq"]] / pc.total).sqrt().reshape(()), skip)
         commit_(st["step"], st["step"] + 1, skip)
         p32 = c["p32"]
@@ -492,12 +460,26 @@ def step_split(work, group, process_group, block_size, min_8bit_size, dev, skip=
         p.copy_(new_p)
 
 
-def _all_reduce(buf, group, op=None):
+def _add_shared(buf, slots, pc, i0, rowsums):
+    """Add this rank's partial sums of the rows cut across ranks to their slots."""
+    nrow = rowsums.numel()
+    for k, r in enumerate(pc.shared_rows()):
+        if i0 <= r < i0 + nrow:
+            buf[slots.start + k] += rowsums[r - i0]
+
+
+def _with_shared(rowsums, buf, slots, pc, i0):
+    """Row sums with the rows cut across ranks replaced by their reduced totals."""
+    out = rowsums.clone()
+    for k, r in enumerate(pc.shared_rows()):
+        if i0 <= r < i0 + out.numel():
+            out[r - i0] = buf[slots.start + k]
+    return out
+
+
+def _all_reduce(buf, group):
     if buf.numel() and dist.is_initialized() and dist.get_world_size(group=group) > 1:
-        if op is None:
-            dist.all_reduce(buf, group=group)
-        else:
-            dist.all_reduce(buf, op=op, group=group)
+        dist.all_reduce(buf, group=group)
 
 
 def _block_index(pc, bs, device):

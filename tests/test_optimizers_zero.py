@@ -1,0 +1,152 @@
+"""CAME8Bit on ZeRO-style flat partitions equals one process.
+
+Optimizer level (no DeepSpeed, gloo ranks): the same gradients, the parameters flattened and cut as
+ZeRO-1/2 cut them (one flat buffer per group in equal parts, weights cut anywhere) and as ZeRO-3 cuts
+them (each weight in equal parts), at 2 and 4 ranks, against CAME8Bit on the whole tensors in one
+process, with tests/test_optimizers_fsdp.py's tolerance. The trainer-level runs through DeepSpeed's
+own engine (ZeRO-1/2/3, fp32 and bf16, resume, other strategies) are in test_optimizers_zero_engine.py."""
+import math
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from giga_train.optimizers import CAME8Bit
+from giga_train.optimizers.came_zero import layouts_of, full_state_from_pieces
+from tests.test_optimizers_fsdp import assert_close_up_to_code_flips
+
+STEPS = 4
+OPT_ARGS = dict(lr=1e-2, weight_decay=0.1, block_size=256, min_8bit_size=1024)
+SHAPES = {"a": (64, 128), "b": (33,), "c": (128, 64), "d": (8, 3, 5, 7), "e": (24, 16, 1, 1), "f": (40, 50),
+          "g": (64,)}
+
+
+def initial():
+    gen = torch.Generator().manual_seed(0)
+    return {k: torch.randn(s, generator=gen) * 0.1 for k, s in SHAPES.items()}
+
+
+def grads(step):
+    gen = torch.Generator().manual_seed(100 + step)
+    # heavy-tailed rows, as CAME sees them; a zero row
+    out = {}
+    for k, s in SHAPES.items():
+        g = torch.randn(s, generator=gen)
+        if len(s) >= 2:
+            g = g * torch.logspace(-2, 1, s[0]).view(-1, *([1] * (len(s) - 1)))
+            g[1] = 0.0
+        out[k] = g
+    return out
+
+
+def one_process(steps):
+    params = {k: torch.nn.Parameter(v.clone()) for k, v in initial().items()}
+    opt = CAME8Bit(list(params.values()), **OPT_ARGS)
+    for step in range(steps):
+        for k, g in grads(step).items():
+            params[k].grad = g
+        opt.step()
+    return {k: p.detach() for k, p in params.items()}, {k: opt.state[p] for k, p in params.items()}
+
+
+def _layout(style, rank, world):
+    """This rank's pieces, as DeepSpeed lays them out: [(name, shape, flat offset, start, numel)] and
+    the flat partition's size."""
+    entries = []
+    if style == "zero12":  # the group flattened in order, padded, cut in equal partitions
+        total = sum(math.prod(s) for s in SHAPES.values())
+        part = -(-total // world)
+        lo, hi = rank * part, (rank + 1) * part
+        off = 0
+        for name, shape in SHAPES.items():
+            n = math.prod(shape)
+            a, b = max(lo, off), min(hi, off + n)
+            if a < b:
+                entries.append((name, shape, a - lo, a - off, b - a))
+            off += n
+        return entries, part
+    off = 0  # zero3: every weight cut in equal parts, the rank's parts side by side
+    for name, shape in SHAPES.items():
+        n = math.prod(shape)
+        pn = -(-n // world)
+        start = rank * pn
+        numel = max(0, min(pn, n - start))
+        if numel:
+            entries.append((name, shape, off, start, numel))
+        off += pn
+    return entries, off
+
+
+def _worker(rank, world, port, style, out_path):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        entries, size = _layout(style, rank, world)
+        flat = torch.nn.Parameter(torch.zeros(size))
+        full = initial()
+        for name, shape, off, start, numel in entries:
+            flat.data[off:off + numel] = full[name].reshape(-1)[start:start + numel]
+        opt = CAME8Bit([flat], **OPT_ARGS)
+        opt._zero = layouts_of([(flat, None, entries)])
+        opt._zero[id(flat)].flat = flat
+        for step in range(STEPS):
+            g = grads(step)
+            flat.grad = torch.zeros(size)
+            for name, shape, off, start, numel in entries:
+                flat.grad[off:off + numel] = g[name].reshape(-1)[start:start + numel]
+            opt.step()
+        pieces = {name: (flat.data[off:off + numel].clone(), start) for name, _, off, start, numel in entries}
+        gathered = [None] * world
+        dist.all_gather_object(gathered, (pieces, opt.state_dict()["state"][0]["came"]))
+        if rank == 0:
+            torch.save(gathered, out_path)
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(tmp_path, style, world):
+    out = str(tmp_path / f"{style}_{world}.pt")
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, style, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(180)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    gathered = torch.load(out, weights_only=False)
+    params, states = {}, {}
+    for name, shape in SHAPES.items():
+        parts = sorted((start, v) for pieces, _ in gathered for n, (v, start) in pieces.items() if n == name)
+        params[name] = torch.cat([v for _, v in parts]).view(shape)
+        states[name] = full_state_from_pieces([s[name] for _, st in gathered for s in [st] if name in s], shape)
+    return params, states
+
+
+@pytest.mark.parametrize("style", ["zero12", "zero3"])
+@pytest.mark.parametrize("world", [2, 4])
+def test_cut_weights_equal_one_process(tmp_path, style, world):
+    ref_params, ref_states = one_process(STEPS)
+    params, states = run_ranks(tmp_path, style, world)
+    for name in SHAPES:
+        assert_close_up_to_code_flips(params[name], ref_params[name], name)
+        ref = ref_states[name]
+        for key in ("exp_avg_sq_row", "exp_avg_sq_col", "exp_avg_res_row", "exp_avg_res_col", "exp_avg_sq",
+                    "RMS", "clip_scale", "exp_avg_scales"):
+            if key in ref:
+                torch.testing.assert_close(states[name][key].reshape(ref[key].shape).float(), ref[key].float(),
+                                           rtol=1e-4, atol=1e-7, msg=f"{name} {key}")
+        if "exp_avg_codes" in ref:  # 8-bit in global blocks, as in one process
+            codes = states[name]["exp_avg_codes"].reshape(-1).int()
+            assert (codes - ref["exp_avg_codes"].reshape(-1).int()).abs().max() <= 1, name
+        assert float(states[name]["step"]) == STEPS
