@@ -3,8 +3,11 @@
 Optimizer level (no DeepSpeed, gloo ranks): the same gradients, the parameters flattened and cut as
 ZeRO-1/2 cut them (one flat buffer per group in equal parts, weights cut anywhere) and as ZeRO-3 cuts
 them (each weight in equal parts), at 2 and 4 ranks, against CAME8Bit on the whole tensors in one
-process, with tests/test_optimizers_fsdp.py's tolerance. The trainer-level runs through DeepSpeed's
-own engine (ZeRO-1/2/3, fp32 and bf16, resume, other strategies) are in test_optimizers_zero_engine.py."""
+process, with tests/test_optimizers_fsdp.py's tolerance.
+
+Trainer level (DeepSpeed's own engine, the tiny char-LM, 4 steps, gloo ranks): ZeRO-1/2/3 at 2 ranks
+and ZeRO-2/3 at 4 equal one process on the same global batch with that tolerance; a resume is exact;
+checkpoints move between ZeRO and the other strategies (by parameter name); bf16 trains."""
 import math
 import os
 import socket
@@ -150,3 +153,78 @@ def test_cut_weights_equal_one_process(tmp_path, style, world):
             codes = states[name]["exp_avg_codes"].reshape(-1).int()
             assert (codes - ref["exp_avg_codes"].reshape(-1).int()).abs().max() <= 1, name
         assert float(states[name]["step"]) == STEPS
+
+
+# -- through DeepSpeed's engine and the trainer ------------------------------------------------
+CAME = dict(type="CAME8Bit", lr=3e-3, weight_decay=0.01, block_size=16, min_8bit_size=256, eps=(1e-8, 1e-16))
+_RUNS = {}
+
+
+def _engine_job(project, strategy, ranks, **train):
+    from tests.distributed import job
+    launch = None
+    if strategy.startswith("ZeRO-"):
+        launch = dict(deepspeed_config=dict(deepspeed_config_file=f"zero{strategy[5:]}.json"))
+    dt = {"NO": "NO", "DDP": "DDP"}.get(strategy, "DEEPSPEED")
+    cfg = job(project, dt, ranks=ranks, launch=launch, **train)
+    cfg["optimizers"] = dict(CAME)
+    return cfg
+
+
+def _engine_run(tmp_path_factory, strategy, ranks, **train):
+    from giga_train import launch_from_config
+    key = (strategy, ranks, repr(sorted(train.items())))
+    if key not in _RUNS:
+        project = tmp_path_factory.mktemp(f"{strategy}_{ranks}")
+        launch_from_config(_engine_job(project, strategy, ranks, **train))
+        _RUNS[key] = project
+    return _RUNS[key]
+
+
+def _assert_equal_weights(got, expected):
+    assert got.keys() == expected.keys()
+    for name in expected:
+        off = ~torch.isclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
+        assert off.float().mean().item() <= 1e-3, (name, off.sum().item())
+        assert (got[name] - expected[name]).abs().max().item() <= 0.5 * CAME["lr"], name
+
+
+@pytest.mark.parametrize("strategy,ranks", [("ZeRO-1", 2), ("ZeRO-2", 2), ("ZeRO-3", 2), ("ZeRO-2", 4),
+                                            ("ZeRO-3", 4)], ids=lambda v: str(v))
+def test_engine_equals_one_process(tmp_path_factory, strategy, ranks):
+    pytest.importorskip("deepspeed")
+    from tests.distributed import final_weights
+    reference = final_weights(_engine_run(tmp_path_factory, "NO", 1))
+    _assert_equal_weights(final_weights(_engine_run(tmp_path_factory, strategy, ranks)), reference)
+
+
+@pytest.mark.parametrize("source,target", [(("ZeRO-2", 2), ("ZeRO-2", 2)), (("ZeRO-3", 2), ("ZeRO-3", 2)),
+                                           (("ZeRO-2", 2), ("NO", 1)), (("NO", 1), ("ZeRO-3", 2)),
+                                           (("ZeRO-3", 2), ("ZeRO-1", 4))], ids=lambda v: f"{v[0]}x{v[1]}")
+def test_engine_resume(tmp_path, tmp_path_factory, source, target):
+    """Steps 1-2 under `source`, 3-4 under `target` (the engine's own files when both match, else the
+    state by parameter name) equal one process's 4 steps."""
+    import shutil
+    pytest.importorskip("deepspeed")
+    from giga_train import launch_from_config
+    from giga_train.checkpoint import list_checkpoints
+    from tests.distributed import final_weights
+    reference = final_weights(_engine_run(tmp_path_factory, "NO", 1))
+    src = _engine_run(tmp_path_factory, *source, max_steps=2, resume=True)
+    step, path = list_checkpoints(os.path.join(src, "models"))[-1]
+    assert step == 2
+    shutil.copytree(path, tmp_path / "models" / os.path.basename(path))
+    launch_from_config(_engine_job(tmp_path, *target, resume=True))
+    assert list_checkpoints(str(tmp_path / "models"))[-1][0] == 4
+    _assert_equal_weights(final_weights(tmp_path), reference)
+
+
+def test_engine_bf16_trains(tmp_path_factory):
+    """bf16 under ZeRO-2 at 2 ranks (DeepSpeed's fp32 master partitions, our pieces) lands where one rank does."""
+    pytest.importorskip("deepspeed")
+    from tests.distributed import final_weights
+    one = final_weights(_engine_run(tmp_path_factory, "ZeRO-2", 1, mixed_precision="bf16"))
+    two = final_weights(_engine_run(tmp_path_factory, "ZeRO-2", 2, mixed_precision="bf16"))
+    for name in one:
+        assert torch.isfinite(two[name]).all(), name
+        assert (two[name] - one[name]).abs().max().item() <= 2 * CAME["lr"], name

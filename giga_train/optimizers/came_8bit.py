@@ -20,6 +20,10 @@ ZERO_FLAT_ERROR = ("CAME8Bit got flat 1-D partitions it was not told the layout 
                    "would be lost")
 
 
+def factored_rows(shape):
+    return came_torch.factored_view_shape(shape)[0]
+
+
 def _is_fsdp1_flat_param(p):
     try:
         from torch.distributed.fsdp._flat_param import FlatParameter
@@ -175,7 +179,7 @@ class CAME8Bit(torch.optim.Optimizer):
                     kernel_work.setdefault(kind, []).append(((gi, pi), p, p.grad, state))
             for kind, work in kernel_work.items():
                 bucket = self._bucket(gi, kind, work)
-                bucket.step([g for _, _, g, _ in work], group, flag)
+                bucket.step([came_torch.local(g) for _, _, g, _ in work], group, flag)
         return loss
 
     def _found_inf(self):
@@ -187,9 +191,14 @@ class CAME8Bit(torch.optim.Optimizer):
 
     def _kernel_kind(self, p, state, g):
         """Bucket key for the fused path, or None for the torch path."""
-        if came_torch.is_dtensor(p) or not use_kernels(self.backend, p):
+        if not use_kernels(self.backend, came_torch.local(p)):
             return None
         from .kernels import came_bucket
+        if came_torch.is_dtensor(p):  # FSDP2 shards: the kernels on the local rows, statistics all-reduced
+            group = came_bucket.sharded_eligible(p, g, self.block_size) if "exp_avg_sq_row" in state else None
+            if group is None:
+                return None
+            return ("sharded", p.dtype, g.dtype, "exp_avg_codes" in state, came_torch.local(p).device, group)
         if "exp_avg_sq_row" in state and came_bucket.factored_eligible(p, g, self.block_size):
             return ("factored", p.dtype, g.dtype, "exp_avg_codes" in state, p.device)
         if "exp_avg_sq" in state and came_bucket.vector_eligible(p, g):
@@ -206,7 +215,11 @@ class CAME8Bit(torch.optim.Optimizer):
         params = [p for _, p, _, _ in work]
         states = [st for _, _, _, st in work]
         positions = [pos for pos, _, _, _ in work]
-        if kind[0] == "factored":
+        if kind[0] == "sharded":
+            rows = [factored_rows(p.shape) for p in params]
+            bucket = came_bucket.ShardedFactoredBucket([came_torch.local(p) for p in params], states, positions,
+                                                       self.block_size, kind[3], rows, kind[5])
+        elif kind[0] == "factored":
             bucket = came_bucket.FactoredBucket(params, states, positions, self.block_size, kind[3])
         else:
             bucket = came_bucket.VectorBucket(params, states, positions)
