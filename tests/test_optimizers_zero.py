@@ -228,3 +228,21 @@ def test_engine_bf16_trains(tmp_path_factory):
     for name in one:
         assert torch.isfinite(two[name]).all(), name
         assert (two[name] - one[name]).abs().max().item() <= 2 * CAME["lr"], name
+
+
+@pytest.mark.parametrize("strategy", ["NO", "DDP", "FSDP2", "ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-3"])
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_check_accepts_what_train_accepts(tmp_path, capsys, strategy, precision):
+    """`giga-train check` and the strategy's own refusal agree for CAME8Bit: both accept every
+    strategy and precision (train's runs are the tests above and tests/test_cross_resume.py)."""
+    pytest.importorskip("deepspeed")
+    from giga_train.cli import main
+    cfg = _engine_job(tmp_path / "run", strategy if strategy != "FSDP2" else "NO", 2, mixed_precision=precision)
+    if strategy == "FSDP2":
+        cfg["launch"].update(distributed_type="FSDP", fsdp_config=dict(fsdp_version=2))
+    path = tmp_path / "cfg.py"
+    path.write_text(f"config = {cfg!r}\n")
+    assert main(["check", str(path)]) == 0, capsys.readouterr().err
+    if strategy.startswith("ZeRO-"):
+        import torch
+        CAME8Bit.check_zero_compatible(int(strategy[5:]), torch.bfloat16 if precision == "bf16" else torch.float32)

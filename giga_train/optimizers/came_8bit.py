@@ -5,8 +5,15 @@ convs; the first moment of those with more than `min_8bit_size` elements is kept
 of a signed square-root map (kernels/qmap.py) in blocks of `block_size` consecutive elements, each
 with an fp32 absmax.
 Other tensors keep fp32 state. On CUDA the step is a few fused Triton launches with no host sync
-(kernels/came_bucket.py); elsewhere, and for DTensor (FSDP2) shards, it is vectorised torch
-(kernels/came_torch.py) computing the same function, with whole-tensor statistics under sharding.
+(kernels/came_bucket.py); elsewhere it is vectorised torch (kernels/came_torch.py) computing the
+same function. Under sharding the statistics are the whole tensor's:
+- FSDP2 (DTensor dim-0 shards): on CUDA the same kernels on the local rows with three bucketed
+  all-reduces over the shard group (came_bucket.ShardedFactoredBucket); the torch path elsewhere
+  and for 1-D shards.
+- DeepSpeed ZeRO-1/2/3 and its bf16 wrappers (flat 1-D partitions): after deepspeed.initialize the
+  strategy calls bind_deepspeed; whole weights inside a partition are stepped as in one process
+  (views, kernels on CUDA), weights cut across ranks in torch with three bucketed all-reduces
+  (came_zero.py). State is ~1 byte/param per rank divided by the partition count.
 """
 import torch
 
@@ -52,7 +59,7 @@ class CAME8Bit(torch.optim.Optimizer):
             raise ValueError(f"CAME8Bit: eps must be a pair (eps1, eps2), got {eps}")
         if int(block_size) < 1:
             raise ValueError(f"CAME8Bit: block_size must be >= 1, got {block_size}")
-        self._registered = set()
+        self._registered, self._registered_vectors = set(), set()
         self._saw_factored = False
         defaults = dict(lr=lr, betas=tuple(betas), eps=tuple(eps), clip_threshold=clip_threshold,
                         weight_decay=weight_decay)
@@ -102,6 +109,8 @@ class CAME8Bit(torch.optim.Optimizer):
                 raise ValueError("CAME8Bit got FSDP1 flat parameters (use_orig_params=False), which lose the "
                                  "2-D shapes it factors: use fsdp_version=2, or use_orig_params=True")
             self._registered.add(id(p))
+            if p.dim() == 1:
+                self._registered_vectors.add(p.numel())
             self._saw_factored |= came_torch.factored_view_shape(p.shape) is not None
 
     def _view(self, flat, pc):
@@ -144,7 +153,10 @@ class CAME8Bit(torch.optim.Optimizer):
     def _check_not_flattened(self, p):
         # A wrapper that swapped our param_groups for flat partitions (DeepSpeed ZeRO) shows up as
         # parameters we were never given, all 1-D, where we were given matrices.
-        if id(p) not in self._registered and p.dim() == 1 and self._saw_factored:
+        # (DeepSpeed's FP16_UnfusedOptimizer, bf16 at stage 0, hands fp32 copies of each tensor: a copy
+        # of a bias has a registered vector's size)
+        if id(p) not in self._registered and p.dim() == 1 and self._saw_factored \
+                and p.numel() not in self._registered_vectors:
             raise RuntimeError(ZERO_FLAT_ERROR)
 
     @torch.no_grad()

@@ -110,6 +110,8 @@ def _pieces_of(wrapper, names):
                 off += p.numel()
             out.append((flat, None, entries))
         return out
+    elif hasattr(wrapper, "fp32_groups"):  # FP16_UnfusedOptimizer: fp32 copies in their own shapes
+        return []
     else:
         raise RuntimeError(f"CAME8Bit: unknown DeepSpeed optimizer wrapper {type(wrapper).__name__}")
     for flat, params, group in zip(flats, lps, groups):
