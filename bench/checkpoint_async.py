@@ -49,7 +49,7 @@ class BenchTrainer(Trainer):
         return time.perf_counter()
 
     def train_step(self):
-        self.in_flight.append(self.async_checkpoint is not None and self.async_checkpoint.in_flight)
+        self.in_flight.append(self.checkpoints.in_flight)
         start = self._now()
         out = super().train_step()
         self.step_s.append(self._now() - start)

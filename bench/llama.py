@@ -45,11 +45,11 @@ class Shape:
 
 SHAPES = {
     "tiny": Shape(dim=64, layers=2, heads=4, kv_heads=2, ffn=160, vocab=256, seq=32, batch=2),
-    # GPU.md's 1B probe: 61.1k tokens/s at 37.9% MFU fixes 6.13 GFLOP/token, which is this shape.
+    # The 1B probe (hand loop, H200, 2026-12-02): 61.1k tokens/s at 37.9% MFU fixes 6.13 GFLOP/token: this shape.
     "1b": Shape(dim=2048, layers=16, heads=16, kv_heads=16, ffn=5632, vocab=32000, seq=2048, batch=4),
     "8b": Shape(dim=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq=2048, batch=1,
                 checkpointing=True),
-    # GPU.md's fp8 probe: 8 blocks of the 8B shape, seq 4096, batch 2.
+    # The fp8 probe (H200, 2026-12-02): 8 blocks of the 8B shape, seq 4096, batch 2.
     "8b8": Shape(dim=4096, layers=8, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq=4096, batch=2),
     "13b": Shape(dim=5120, layers=40, heads=40, kv_heads=40, ffn=13824, vocab=32000, seq=2048, batch=1,
                  checkpointing=True),

@@ -39,7 +39,7 @@ from bench.probe import StepProbe  # noqa: E402
 from giga_train import Trainer, launch_from_config  # noqa: E402
 
 H200_BF16_FLOPS = 989e12
-GPU_ANCHORS = ("GPU.md anchors, one H200: 1b hand-written 61.1k tokens/s eager (37.9% MFU), 81.7k per block"
+GPU_ANCHORS = ("Anchors measured 2026-12-02 on one H200: 1b hand-written 61.1k tokens/s eager (37.9% MFU), 81.7k per block"
                " (50.7%); Accelerate 60.8k, Fabric 60.9k eager; 8b8 compiled bf16 43.6k, torchao fp8 56.1k;"
                " 8b AdamW peak 128.6 GB")
 LR, WEIGHT_DECAY, SEED = 1e-4, 0.01, 0

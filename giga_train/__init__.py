@@ -1,8 +1,10 @@
 """giga-train: a config-driven trainer for large models on PyTorch."""
 from . import schedulers  # noqa: F401  (registers the schedulers)
-from .config import Config, ConfigError, load_config
+from .config import Config, load_config
 from .data import DefaultSampler
-from .distributed import launch_from_config, setup_environment
+from .distributed import setup_environment
+from .distributed.launch import launch_from_config
+from .errors import ConfigError
 from .module_dict import ModuleDict
 from .registry import DATASETS, OPTIMIZERS, SAMPLERS, SCHEDULERS, TRANSFORMS
 from .trainers import Trainer

@@ -2,9 +2,8 @@
 import argparse
 import sys
 
-from .config import ConfigError, load_config
-from .registry import RegistryError
-from .trainers.nan_guard import TrainingStopped
+from .config import load_config
+from .errors import ConfigError, RegistryError, TrainingStopped
 
 
 def main(argv=None):
@@ -28,12 +27,12 @@ def main(argv=None):
             print(convert(args.checkpoint, args.to, args.out))
             return 0
         if args.command == "check":
-            from .schema import validate_config
+            from .runners import validated_runners
             cfg = load_config(args.config, args.overrides)
-            validate_config(cfg)
+            validated_runners(cfg)
             print(f"{args.config}: ok ({', '.join(cfg.runners)})")
             return 0
-        from .distributed import launch_from_config
+        from .distributed.launch import launch_from_config
         launch_from_config(args.config, args.overrides)
     except (ConfigError, RegistryError, ValueError) as e:
         print(f"giga-train: error: {e}", file=sys.stderr)

@@ -13,9 +13,9 @@ is compiled. The names are accelerate's TorchDynamoPlugin fields, so GigaTrain c
 """
 import logging
 
-from torch import nn
-
-from .config import ConfigError
+from .blocks import parse_class_names, repeated_block_classes, require_classes
+from .errors import ConfigError
+from .registry import did_you_mean
 
 log = logging.getLogger("giga_train")
 
@@ -25,7 +25,6 @@ OUR_KEYS = ("use_regional_compilation", "block_class_names")
 
 def check_dynamo_config(cfg):
     """A one-line problem with `train.dynamo_config`, or None (pure: the schema calls it)."""
-    from .registry import did_you_mean
     keys = TORCH_COMPILE_KEYS + OUR_KEYS
     for key in cfg:
         if key not in keys:
@@ -38,47 +37,29 @@ def check_dynamo_config(cfg):
     return None
 
 
-def repeated_block_classes(model):
-    """Class names of the children of every ModuleList of 2+ modules that are all one class."""
-    names = []
-    for module in model.modules():
-        if isinstance(module, nn.ModuleList) and len(module) > 1:
-            name = type(module[0]).__name__
-            if all(type(child).__name__ == name for child in module) and name not in names:
-                names.append(name)
-    return names
-
-
-def _split(names):
-    """'A,B' or ['A', 'B__##__4'] -> ['A', 'B'] (the activation-checkpointing count is not ours)."""
-    if not names:
-        return []
-    names = names.split(",") if isinstance(names, str) else names
-    return [n.strip().partition("__##__")[0] for n in names if n.strip()]
-
-
 def block_classes(model, dynamo_config, activation_class_names=(), fsdp_config=None):
     """The class names to compile one by one ([] = compile the whole model)."""
-    present = {type(m).__name__ for m in model.modules()}
-    explicit = _split(dynamo_config.get("block_class_names"))
+    explicit = parse_class_names(dynamo_config.get("block_class_names"))
     if explicit:
-        missing = [n for n in explicit if n not in present]
-        if missing:
-            raise ConfigError(f"train.dynamo_config.block_class_names: no module of class '{missing[0]}' in the"
-                              f" model (classes present: {', '.join(sorted(present))})")
-        return explicit
-    wrap = _split((fsdp_config or {}).get("fsdp_transformer_layer_cls_to_wrap"))
-    for hint in (wrap, _split(activation_class_names)):
+        return require_classes(model, explicit, "train.dynamo_config.block_class_names")
+    present = {type(m).__name__ for m in model.modules()}
+    wrap = parse_class_names((fsdp_config or {}).get("fsdp_transformer_layer_cls_to_wrap"))
+    for hint in (wrap, parse_class_names(activation_class_names)):
         found = [n for n in hint if n in present]
         if found:
             return found
     return repeated_block_classes(model)
 
 
-def compile_model(model, dynamo_config, activation_class_names=(), fsdp_config=None):
-    """Compile `model` in place as `dynamo_config` says. Returns the names of the compiled modules
-    ('' for the whole model); [] when dynamo_config is empty or disabled."""
-    if not dynamo_config or dynamo_config.get("disable"):
+def compiles(dynamo_config):
+    return bool(dynamo_config) and not dynamo_config.get("disable")
+
+
+def compile_model(model, dynamo_config, classes=None):
+    """Compile `model` in place as `dynamo_config` says: each module of `classes` (None: block_classes of
+    the model; []: the whole model). Returns the names of the compiled modules ('' for the whole model);
+    [] when dynamo_config is empty or disabled."""
+    if not compiles(dynamo_config):
         return []
     problem = check_dynamo_config(dynamo_config)
     if problem:
@@ -86,9 +67,10 @@ def compile_model(model, dynamo_config, activation_class_names=(), fsdp_config=N
     kwargs = {k: v for k, v in dynamo_config.items() if k in TORCH_COMPILE_KEYS and k != "disable"}
     if isinstance(kwargs.get("backend"), str):
         kwargs["backend"] = kwargs["backend"].lower()  # accelerate spells it INDUCTOR
-    classes = []
-    if dynamo_config.get("use_regional_compilation", True):
-        classes = block_classes(model, dynamo_config, activation_class_names, fsdp_config)
+    if not dynamo_config.get("use_regional_compilation", True):
+        classes = []
+    elif classes is None:
+        classes = block_classes(model, dynamo_config)
     if not classes:
         model.compile(**kwargs)
         log.info("compiled the whole model (%s)", kwargs.get("backend", "inductor"))

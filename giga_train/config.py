@@ -7,9 +7,7 @@ import os
 import runpy
 import sys
 
-
-class ConfigError(ValueError):
-    """Bad input. The message is one line that names the key, file or value at fault."""
+from .errors import ConfigError
 
 
 class Config(dict):

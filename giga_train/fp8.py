@@ -17,7 +17,8 @@ import logging
 
 from torch import nn
 
-from .config import ConfigError
+from .errors import ConfigError
+from .registry import did_you_mean
 
 log = logging.getLogger("giga_train")
 
@@ -27,7 +28,6 @@ FP8_KEYS = ("recipe", "exclude", "fsdp_float8_all_gather")
 
 def check_fp8_config(cfg):
     """A one-line problem with `train.fp8_config`, or None (pure: the schema calls it)."""
-    from .registry import did_you_mean
     for key in cfg:
         if key not in FP8_KEYS:
             return f"unknown key '{key}'{did_you_mean(key, FP8_KEYS)} (keys: {', '.join(FP8_KEYS)})"

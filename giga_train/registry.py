@@ -3,11 +3,9 @@ import difflib
 import importlib
 import inspect
 
+from .errors import RegistryError
+
 TYPE_KEYS = ("type", "_class_name")
-
-
-class RegistryError(ValueError):
-    """An unknown name, or arguments a registered class does not take. The message is one line."""
 
 
 def did_you_mean(name, choices):

@@ -1,11 +1,13 @@
 """The config schema (GigaTrain's names): defaults, and validation that answers in one line."""
 import numbers
 
+from .blocks import class_name_problem
 from .compile import check_dynamo_config
-from .config import Config, ConfigError
+from .config import Config
+from .errors import ConfigError, RegistryError
 from .fp8 import check_fp8_config
-from .registry import (DATASETS, OPTIMIZERS, SAMPLERS, SCHEDULERS, STRATEGIES, TRANSFORMS, TYPE_KEYS,
-                       RegistryError, did_you_mean, import_object)
+from .registry import (DATASETS, OPTIMIZERS, SAMPLERS, SCHEDULERS, STRATEGIES, TRANSFORMS, TYPE_KEYS, did_you_mean,
+                       import_object)
 
 REQUIRED = object()
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
@@ -155,12 +157,14 @@ def world_size_of(launch):
 
 
 def validate_config(cfg):
-    """Fill defaults and check every section before any work starts. Returns the runner classes."""
+    """Fill defaults and check every section before any work starts. Returns the imported runner objects
+    (that each is a runner class is checked a layer up, in runners.py)."""
     _fill("", cfg, SECTIONS)
     runners = [cfg.runners] if isinstance(cfg.runners, str) else list(cfg.runners)
     if not runners:
         raise ConfigError("runners: needs at least one dotted path to a Trainer subclass")
     cfg.runners = runners
+    # Imported first: their modules may register the datasets, transforms... that the checks below look up.
     classes = [_import_runner(f"runners[{i}]", path) for i, path in enumerate(runners)]
     _check_launch(cfg.launch)
     _check_train(cfg.train)
@@ -180,14 +184,10 @@ def validate_config(cfg):
 
 
 def _import_runner(where, path):
-    from .trainers.trainer import Trainer
     try:
-        cls = import_object(path)
+        return import_object(path)
     except Exception as e:  # the user's module may raise anything while importing
         raise ConfigError(f"{where}: cannot import '{path}': {type(e).__name__}: {e}") from None
-    if not (isinstance(cls, type) and issubclass(cls, Trainer)):
-        raise ConfigError(f"{where}: '{path}' is not a subclass of giga_train.Trainer")
-    return cls
 
 
 def _check_launch(launch):
@@ -195,7 +195,8 @@ def _check_launch(launch):
         raise ConfigError(f"launch.distributed_type: unknown {launch.distributed_type!r}"
                           f"{did_you_mean(launch.distributed_type, STRATEGIES.names())}"
                           f" (choose from {', '.join(STRATEGIES.names())})")
-    if launch.fsdp_config is not None:
+    if launch.fsdp_config is not None or launch.distributed_type == "FSDP":
+        launch.fsdp_config = Config(launch.fsdp_config or {})  # the FSDP strategies read every key filled in
         _fill("launch.fsdp_config", launch.fsdp_config, FSDP)
     if launch.gpu_ids:
         import torch
@@ -235,9 +236,9 @@ def _check_train(train):
     if isinstance(train.resume, str) and not train.resume:
         raise ConfigError("train.resume: give True, False, or a checkpoint folder")
     for name in train.activation_class_names:
-        cls, sep, count = name.partition("__##__")
-        if not cls or (sep and not count.isdigit()):
-            raise ConfigError(f"train.activation_class_names: {name!r} is not 'Class' or 'Class__##__N'")
+        problem = class_name_problem(name)
+        if problem:
+            raise ConfigError(f"train.activation_class_names: {problem}")
 
 
 def _check_loader(where, loader):

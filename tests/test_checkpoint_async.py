@@ -45,13 +45,13 @@ class AsyncRun(TinyTrainer):
         super().__init__(_variant(config, "async", checkpoint_async=True))
 
     def save_checkpoint(self):
-        saved, write_model = self.step, type(self.strategy).write_model.__get__(self.strategy)
+        saved, write_model = self.step, type(self.checkpoints).write_model.__get__(self.checkpoints)
 
         def lagging_write_model(*args):
             while self.step == saved and not self.waiting:
                 time.sleep(0.005)
             write_model(*args)
-        self.strategy.write_model = lagging_write_model
+        self.checkpoints.write_model = lagging_write_model
         return super().save_checkpoint()
 
     def wait_for_checkpoint(self, raise_errors=True):
@@ -150,9 +150,9 @@ class FailingWriterTrainer(TinyTrainer):
         if self.step == 4:
             def write_model(*args):
                 raise RuntimeError("the storage went away\nsecond line")
-            self.strategy.write_model = write_model
+            self.checkpoints.write_model = write_model
         elif self.step > 4:
-            self.strategy.__dict__.pop("write_model", None)
+            self.checkpoints.__dict__.pop("write_model", None)
         return super().save_checkpoint()
 
 

@@ -10,10 +10,10 @@ import torch
 
 from giga_train import ConfigError, launch_from_config
 from giga_train.checkpoint import list_checkpoints, load_weights
-from giga_train.distributed.strategies.base import supports_found_inf
+from giga_train.optimizers.found_inf import supports_found_inf
 from giga_train.optimizers import FusedAdam
 from giga_train.trainers import nan_guard
-from giga_train.trainers.nan_guard import TrainingStopped
+from giga_train.errors import TrainingStopped
 from tests.distributed import job
 from tests.tiny import late_flags, tiny_config
 

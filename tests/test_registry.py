@@ -1,7 +1,8 @@
 import pytest
 
 from giga_train import TRANSFORMS
-from giga_train.registry import Registry, RegistryError
+from giga_train.errors import RegistryError
+from giga_train.registry import Registry
 
 
 def test_register_forms_and_build():

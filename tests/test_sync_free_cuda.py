@@ -10,7 +10,7 @@ import torch
 
 from examples.char_lm.model import CharLM
 from giga_train import Trainer, launch_from_config
-from giga_train.distributed.strategies.base import supports_found_inf
+from giga_train.optimizers.found_inf import supports_found_inf
 from tests.tiny import tiny_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

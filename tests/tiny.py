@@ -93,7 +93,7 @@ class KillingTrainer(TinyTrainer):
         if where == "step" and self.step + 1 == int(at) and len(self.losses) % accum == accum // 2:
             os.kill(os.getpid(), signal.SIGKILL)
         if where == "inflight" and self.step + 1 == int(at) + 2:
-            assert self.writer_stuck.wait(60) and self.async_checkpoint.in_flight
+            assert self.writer_stuck.wait(60) and self.checkpoints.in_flight
             os.kill(os.getpid(), signal.SIGKILL)
         return super().forward_step(batch_dict)
 

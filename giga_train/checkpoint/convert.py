@@ -38,7 +38,7 @@ def convert(checkpoint, to, out=None):
 
 def read_state(checkpoint):
     """(whole fp32 weights, full optimizer state dict keyed by parameter name) of a checkpoint."""
-    from ..distributed.portable import deepspeed_meta, deepspeed_parameters, read_dcp, read_deepspeed
+    from .portable import deepspeed_meta, deepspeed_parameters, read_dcp, read_deepspeed
     files = os.listdir(os.path.join(checkpoint, "model"))
     weights = load_weights(os.path.join(checkpoint, "model"), members=not any(f.startswith("model.") for f in files))
     if deepspeed_meta(checkpoint) is None:

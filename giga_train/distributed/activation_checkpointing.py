@@ -2,16 +2,7 @@
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..config import ConfigError
-
-
-def parse_class_names(names):
-    """{"Block": None (all) or N (the first N)}."""
-    limits = {}
-    for entry in names:
-        name, _, count = entry.partition("__##__")
-        limits[name] = int(count) if count else None
-    return limits
+from ..blocks import parse_class_names, require_classes
 
 
 def apply_activation_checkpointing(model, names):
@@ -20,11 +11,7 @@ def apply_activation_checkpointing(model, names):
     The module's own forward is swapped (not the module tree), so parameter names, state dicts and
     the sharding wrappers applied afterwards are unchanged."""
     limits = parse_class_names(names)
-    present = sorted({type(m).__name__ for m in model.modules()})
-    missing = [n for n in limits if n not in present]
-    if missing:
-        raise ConfigError(f"train.activation_class_names: no module of class '{missing[0]}' in the model"
-                          f" (classes present: {', '.join(present)})")
+    require_classes(model, limits, "train.activation_class_names")
     seen = dict.fromkeys(limits, 0)
     wrapped = 0
     for module in model.modules():

@@ -2,12 +2,13 @@
 
 "auto" values are filled from the train config; an explicit value that disagrees is an error, never
 silently overridden. Files resolve against the working directory, then the package's own
-accelerate_configs/ (zero0.json .. zero3.json)."""
+accelerate_configs/ (zero0.json .. zero3.json): the folder keeps GigaTrain's name because GigaTrain configs
+name their DeepSpeed files by that path."""
 import copy
 import json
 import os
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 PACKAGE_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "accelerate_configs")
 

@@ -9,9 +9,10 @@ import sys
 import tempfile
 import uuid
 
-from ..config import ConfigError, load_config
-from ..schema import validate_config, world_size_of
-from ..trainers.nan_guard import TrainingStopped
+from ..config import load_config
+from ..errors import ConfigError, TrainingStopped
+from ..runners import run_runners, validated_runners
+from ..schema import world_size_of
 from .preemption import ForwardSIGUSR1, write_pid
 
 log = logging.getLogger("giga_train")
@@ -28,24 +29,11 @@ def started_by_a_launcher(world_size):
 def launch_from_config(config, overrides=()):
     """Run every runner of `config` (a path, module path or dict). Returns the main rank's summary."""
     cfg = load_config(config, overrides)
-    validate_config(cfg)
+    validated_runners(cfg)
     world_size = world_size_of(cfg.launch)
     if world_size == 1 or started_by_a_launcher(world_size):
         return run_runners(cfg)
     return spawn(cfg, world_size)
-
-
-def run_runners(cfg):
-    from ..registry import import_object
-    from .env import fill_slurm_rendezvous
-    fill_slurm_rendezvous(cfg.launch)
-    trainer = None
-    for path in cfg.runners:
-        trainer = import_object(path)(cfg)
-        trainer.train()
-        if trainer.preempted:
-            break  # the job was asked to stop: the rerun resumes this runner
-    return trainer
 
 
 def spawn(cfg, world_size):

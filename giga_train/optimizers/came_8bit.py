@@ -83,7 +83,7 @@ class CAME8Bit(torch.optim.Optimizer):
         self._zero = came_zero.bind(engine_optimizer, list(named_parameters))
         self._views, self._buckets = {}, {}
 
-    def load_full_state(self, state_by_name):
+    def load_state_by_name(self, state_by_name):
         """Whole-tensor state by parameter name (any strategy's portable form) into the pieces this
         rank holds under DeepSpeed."""
         from . import came_zero

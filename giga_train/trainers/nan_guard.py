@@ -1,21 +1,43 @@
-"""The NaN/Inf guard's bookkeeping: count skipped steps, warn, and stop with one line when told to.
+"""The NaN/Inf guard: decide whether a step is skipped, count skipped steps, warn, and stop with one line
+when told to.
 
-Detection lives in Strategy.step (one all-reduce of the finiteness flags, so all ranks agree). Where the
-optimizer skips on the device (found_inf) the flags reach the host later: each step's flags are copied
+The decision (`verdict`): one all-reduce of the loss's and the gradient norm's finiteness flags, so all
+ranks agree; the strategy skips the update as the verdict says. Where the engine's optimizer skips on the
+device (found_inf) the flags reach the host later: each step's flags are copied
 non_blocking into pinned memory behind a CUDA event, and settled here in step order once the event has
 completed (a query, never a wait), or forcibly (a wait) where the trainer needs the truth: at a log line,
 before a checkpoint, on preemption, at the end. On the CPU the flags are there at once. Where the host
 read them itself (optimizers without found_inf, DeepSpeed) a step's record is settled as it comes."""
 import collections
 import logging
+from dataclasses import dataclass
 
 import torch
+
+from ..errors import TrainingStopped
 
 log = logging.getLogger("giga_train")
 
 
-class TrainingStopped(RuntimeError):
-    """A run stopped on purpose, with a one-line reason; the launcher reports it once and never retries."""
+@dataclass
+class Verdict:
+    """One step's decision: skip on the device where `found_inf` (a device tensor) is 1.0, or, read on
+    the host, skip when `nonfinite_names` is not empty."""
+    names: tuple
+    flags: object  # float32 device tensor, 1.0 where that value was non-finite on some rank
+    found_inf: object = None
+    nonfinite_names: tuple = ()
+
+
+def decide(strategy, loss, grad_norm):
+    """The Verdict for a step whose summed loss on this rank is `loss`. Under fp16 only the loss counts:
+    an inf gradient is the loss scaler's own, normal skip. On the device where the engine can skip there
+    (no host read); else the flags are read on the host (one sync)."""
+    scaled = strategy.precision.scaler is not None
+    names, flags = strategy.finiteness_flags(loss=loss, grad_norm=None if scaled else grad_norm)
+    if strategy.honours_found_inf():
+        return Verdict(names, flags, found_inf=flags.amax())  # exactly 0.0 or 1.0: fused kernels skip on 1.0
+    return Verdict(names, flags, nonfinite_names=tuple(n for n, bad in zip(names, flags.tolist()) if bad))
 
 
 class StepFlags:
@@ -27,7 +49,7 @@ class StepFlags:
         self.skipped = result.skipped
         self.event = None
         if not self.on_device:
-            self.names, self.values = result.nonfinite, [1.0] * len(result.nonfinite)
+            self.names, self.values = result.nonfinite_names, [1.0] * len(result.nonfinite_names)
             return
         self.names, self.values = result.names, result.flags
         if result.flags.is_cuda:
@@ -41,7 +63,7 @@ class StepFlags:
             self.event = None  # arrived: nothing to wait for
         return self.event is None
 
-    def nonfinite(self):
+    def read(self):
         """The names that were non-finite on some rank (waits for the copy if it is still in flight)."""
         if self.event is not None:
             self.event.synchronize()
@@ -65,6 +87,12 @@ class NanGuard:
     def enabled(self):
         return self.policy != "off"
 
+    def verdict(self, strategy, loss):
+        """What strategy.step asks once the gradient norm is known (None: the guard is off)."""
+        if not self.enabled:
+            return None
+        return lambda grad_norm: decide(strategy, loss, grad_norm)
+
     def record(self, step, result):
         if self.enabled:
             self.pending.append(StepFlags(step, result))
@@ -81,20 +109,20 @@ class NanGuard:
             return
         while self.pending and (wait or self.pending[0].ready()):
             flags = self.pending.popleft()
-            bad = flags.nonfinite()
+            bad = flags.read()
             if on_settled is not None:
                 on_settled(flags)
             if not bad:
                 self.in_a_row = 0
                 continue
-            error = self.nonfinite(flags.step, bad, flags.skipped, now)
+            error = self._count_bad_step(flags.step, bad, flags.skipped, now)
             if error is not None:
                 if wait:
                     raise error
                 self.stopping = error
                 return
 
-    def nonfinite(self, step, what, skipped, now):
+    def _count_bad_step(self, step, what, skipped, now):
         """A step whose loss or gradient norm was non-finite on some rank: warns and counts it, or returns
         the TrainingStopped to raise (before anything is saved, so the newest checkpoint is a good one)."""
         what = " and ".join(what)
@@ -118,3 +146,39 @@ class NanGuard:
     def take_window(self):
         count, self.window = self.window, 0
         return count
+
+
+class SchedulerRewind:
+    """The scheduler's side of a skip decided on the device: the loop steps the scheduler before the host
+    knows whether the step was skipped; a step settled as skipped takes its scheduler step back."""
+
+    def __init__(self, scheduler, optimizer):
+        self.scheduler, self.optimizer = scheduler, optimizer
+        self.before = {}  # step -> scheduler state before it, for steps whose skip is in flight
+
+    def remember(self, step):
+        """Call before the scheduler step of `step`, whose skip is decided on the device."""
+        self.before[step] = self._state()
+
+    def settled(self, flags):
+        """A step whose skip was decided on the device is settled: if it was skipped, take back the
+        scheduler step it made. The steps taken while its flag was in flight may have used a one-step-later
+        lr (per skipped step among them); from here on the lr is the host path's."""
+        if not flags.on_device:
+            return
+        before = self.before.pop(flags.step)
+        if not flags.skipped:
+            return
+        self._set_state(before)
+        for later in self.before:  # steps still in flight (in order): replay their scheduler steps
+            self.before[later] = self._state()
+            self.scheduler.step()
+
+    def _state(self):
+        return self.scheduler.state_dict(), [group["lr"] for group in self.optimizer.param_groups]
+
+    def _set_state(self, state):
+        scheduler_state, lrs = state
+        self.scheduler.load_state_dict(scheduler_state)
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            group["lr"] = lr

@@ -2,29 +2,22 @@
 import logging
 import os
 import random
-import shutil
-import time
 
 import numpy as np
 import torch
 
-from ..checkpoint import (CheckpointManager, disk_error, free_bytes, host_copy, is_complete, load_weights, read_meta,
-                          rng_state, set_rng_state)
-from ..compile import compile_model
-from ..config import ConfigError, load_config
+from ..checkpoint.checkpointer import Checkpointer
+from ..config import load_config
 from ..data import DataStream
-from ..distributed.activation_checkpointing import apply_activation_checkpointing
 from ..distributed.env import setup_environment
+from ..distributed.parallelize import parallelize
 from ..distributed.preemption import PreemptionSignals
 from ..ema import EMA
-from ..fp8 import convert_to_float8, precompute_scales_after_step
-from ..logging import MetricLogger, text_logger
-from ..module_dict import ModuleDict
 from ..optimizers import build_optimizer
 from ..registry import SCHEDULERS, STRATEGIES
 from ..schema import validate_config
-from .async_checkpoint import AsyncCheckpoint
-from .nan_guard import NanGuard, TrainingStopped
+from ..tracking import MetricLogger, text_logger
+from .nan_guard import NanGuard, SchedulerRewind
 
 log = logging.getLogger("giga_train")
 
@@ -55,7 +48,7 @@ class Trainer:
     def __init__(self, config):
         self.config = cfg = load_config(config)
         validate_config(cfg)
-        self.train_config = t = cfg.train
+        self.train_config = train = cfg.train
         self.env = setup_environment(cfg.launch)
         self.device = self.env.device
         self.project_dir = cfg.project_dir
@@ -63,38 +56,28 @@ class Trainer:
         self.log_dir = os.path.join(cfg.project_dir, "logs")
         text_logger(self.log_dir, self.env.is_main)
         self.strategy = STRATEGIES.get(cfg.launch.distributed_type)(
-            self.env, cfg.launch, t, micro_batch_size=cfg.dataloaders.train.batch_size_per_gpu)
+            self.env, cfg.launch, train, micro_batch_size=cfg.dataloaders.train.batch_size_per_gpu)
         self.dtype = self.strategy.precision.dtype or torch.float32
 
-        seed_everything(t.seed)  # every rank builds the same initial weights
-        model = self.get_models(cfg.models)
-        if t.mixed_precision == "fp8":
-            convert_to_float8(model, t.fp8_config, fsdp2=self.strategy.shards_parameters_as_dtensors)
-        if t.activation_checkpointing:
-            apply_activation_checkpointing(model, t.activation_class_names)
-        compile_model(model, t.dynamo_config, t.activation_class_names, cfg.launch.fsdp_config)
-        self.model, self.optimizer = self.strategy.setup(
-            model, lambda m: build_optimizer(cfg.optimizers, self.get_trainable_parameters(m)))
-        if t.mixed_precision == "fp8":
-            precompute_scales_after_step(self.unwrapped_model, self.optimizer)
+        seed_everything(train.seed)  # every rank builds the same initial weights
+        self.model, self.optimizer = parallelize(
+            self.get_models(cfg.models), self.strategy, train, cfg.launch.fsdp_config,
+            lambda module: build_optimizer(cfg.optimizers, self.get_trainable_parameters(module)))
         self.scheduler = SCHEDULERS.build(cfg.schedulers, self.optimizer)
-        self.ema = EMA(self.unwrapped_model, t.ema_decay) if t.with_ema else None
+        self.ema = EMA(self.unwrapped_model, train.ema_decay) if train.with_ema else None
 
-        self.data = DataStream(cfg.dataloaders.train, t.seed, self.env.rank, self.env.world_size, self.device)
-        self.accumulation = t.gradient_accumulation_steps
-        self.max_steps = t.max_steps or max(t.max_epochs * len(self.data) // self.accumulation, 1)
-        self.checkpoints = CheckpointManager(self.model_dir, t.checkpoint_total_limit, t.checkpoint_keeps)
-        self.async_checkpoint = None  # train.checkpoint_async: the writer in the background
-        if t.checkpoint_async and self.strategy.writes_checkpoints_async:
-            self.async_checkpoint = AsyncCheckpoint(self)
-        elif t.checkpoint_async:
-            log.info("train.checkpoint_async has no effect under %s: its engine writes checkpoints synchronously",
-                     cfg.launch.distributed_type)
+        self.data = DataStream(cfg.dataloaders.train, train.seed, self.env.rank, self.env.world_size, self.device)
+        self.accumulation = train.gradient_accumulation_steps
+        self.max_steps = train.max_steps or max(train.max_epochs * len(self.data) // self.accumulation, 1)
+        self.checkpoints = Checkpointer(self.strategy, self.model_dir, train, self.ema)
         self.step = 0
-        self._scheduler_before = {}  # step -> scheduler state before it, for steps whose skip is in flight
+        self.nan_guard = NanGuard(train.nan_policy, train.max_nan_steps, self.env.is_main, self.checkpoints.latest)
+        self._scheduler_rewind = SchedulerRewind(self.scheduler, self.optimizer)
         self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
-        seed_everything(t.seed + self.env.rank)  # ranks differ from here on (dropout, noise)
-        self._resume(t.resume)
+        seed_everything(train.seed + self.env.rank)  # ranks differ from here on (dropout, noise)
+        path = self.checkpoints.resume_path(train.resume)
+        if path is not None:
+            self.load_checkpoint(path)
 
     @property
     def unwrapped_model(self):
@@ -118,19 +101,18 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------------
     def train(self):
-        t = self.train_config
+        train = self.train_config
         if self.step >= self.max_steps:
             log.info("already at step %d of %d: nothing to train", self.step, self.max_steps)
             return self._finish()
         samples_per_step = self.data.batch_size * self.env.world_size * self.accumulation
-        metrics = MetricLogger(self.log_dir, t.log_with, self.env.is_main, self.step, self.max_steps,
-                               samples_per_step, show_bar=t.progress_bar)
+        metrics = MetricLogger(self.log_dir, train.log_with, self.env.is_main, self.step, self.max_steps,
+                               samples_per_step, show_bar=train.progress_bar)
         log.info("training %s from step %d to %d (%d samples/step) on %s; checkpoints in %s, logs in %s",
                  type(self.unwrapped_model).__name__, self.step, self.max_steps, samples_per_step,
                  self.device, self.model_dir, self.log_dir)
         self.model.train()
         sums, counted = {}, 0  # named losses of the updated steps, summed on the device since the last log
-        self.nan_guard = NanGuard(t.nan_policy, t.max_nan_steps, self.env.is_main, self.checkpoints.latest)
         self.preemption = PreemptionSignals()
         try:
             with self.preemption:
@@ -138,26 +120,26 @@ class Trainer:
                     losses, result = self.train_step()
                     self.step += 1
                     self.nan_guard.record(self.step, result)
-                    self._settle_nan_guard()  # the flags that have reached the host; never waits
+                    self._settle_skips()  # the flags that have reached the host; never waits
                     sums, counted = self._add_losses(sums, counted, losses, result)
                     metrics.advance(self.step)
-                    if self.step % t.log_interval == 0 or self.step == self.max_steps:
-                        self._settle_nan_guard(wait=True)
+                    if self.step % train.log_interval == 0 or self.step == self.max_steps:
+                        self._settle_skips(wait=True)
                         scalars = self._scalars(sums, counted, result.grad_norm)
                         self.last_metrics = metrics.log_step(self.step, scalars)
                         sums, counted = {}, 0
-                    if t.checkpoint_interval and self.step % t.checkpoint_interval == 0:
+                    if train.checkpoint_interval and self.step % train.checkpoint_interval == 0:
                         self.save_checkpoint()
                     # the same step on every rank; so is a stop that one rank's settle found first
                     preempted, stopping = self.preemption.agreed(self.env, self.nan_guard.stopping is not None)
                     if stopping:
-                        self._settle_nan_guard(wait=True)  # raises TrainingStopped, the same on every rank
+                        self._settle_skips(wait=True)  # raises TrainingStopped, the same on every rank
                     if preempted:
                         self.preempted = True
                         break
-                self._settle_nan_guard(wait=True)  # also after a preemption: every rank is here
+                self._settle_skips(wait=True)  # also after a preemption: every rank is here
                 self.wait_for_checkpoint()  # latest() must see the save in flight
-                if not self.checkpoints.latest() or read_meta(self.checkpoints.latest())["step"] != self.step:
+                if self.checkpoints.latest_step() != self.step:
                     self.save_checkpoint()
                 self.wait_for_checkpoint()
         except BaseException:
@@ -173,7 +155,7 @@ class Trainer:
         Returns (named losses averaged over the micro-batches, as device tensors; the StepResult).
         A step the NaN guard skips leaves the optimizer, the scheduler and the EMA untouched (where the
         skip is decided on the device, the scheduler is rewound when the step is settled)."""
-        t, strategy = self.train_config, self.strategy
+        train, strategy = self.train_config, self.strategy
         totals, trained = {}, 0
         for micro in range(self.accumulation):
             batch = next(self.data)
@@ -190,12 +172,12 @@ class Trainer:
             if len(losses) > 1:
                 total_name = "total_loss" if "loss" in losses else "loss"
                 totals[total_name] = totals.get(total_name, 0) + loss.detach().float()
-        result = strategy.step(t.max_grad_norm, measure=(self.step + 1) % t.log_interval == 0,
-                               loss=trained if t.nan_policy != "off" else None)
-        if result.skipped and result.nonfinite:  # read on the host: nothing else moves
+        result = strategy.step(train.max_grad_norm, measure=(self.step + 1) % train.log_interval == 0,
+                               verdict=self.nan_guard.verdict(strategy, trained))
+        if result.skipped and result.nonfinite_names:  # read on the host: nothing else moves
             return totals, result
         if result.found_inf is not None:  # the host learns later whether this step was skipped
-            self._scheduler_before[self.step + 1] = self._scheduler_state()
+            self._scheduler_rewind.remember(self.step + 1)
         self.scheduler.step()
         if self.ema is not None:
             self.ema.update(skip=result.found_inf)  # a no-op on the device for a skipped step
@@ -211,39 +193,15 @@ class Trainer:
             for name, value in losses.items():
                 sums[name] = sums.get(name, 0) + torch.where(skipped, 0.0, value)
             return sums, counted + (1.0 - result.found_inf)  # a device count
-        if not result.nonfinite:
+        if not result.nonfinite_names:
             for name, value in losses.items():
                 sums[name] = sums.get(name, 0) + value
             counted += 1
         return sums, counted
 
-    def _settle_nan_guard(self, wait=False):
-        guard = getattr(self, "nan_guard", None)
-        if guard is not None:
-            guard.settle(self.step, wait, self._settled)
-
-    def _settled(self, flags):
-        """A step whose skip was decided on the device is settled: if it was skipped, take back the
-        scheduler step it made. The steps taken while its flag was in flight may have used a one-step-later
-        lr (per skipped step among them); from here on the lr is the host path's."""
-        if not flags.on_device:
-            return
-        before = self._scheduler_before.pop(flags.step)
-        if not flags.skipped:
-            return
-        self._set_scheduler_state(before)
-        for later in self._scheduler_before:  # steps still in flight (in order): replay their scheduler steps
-            self._scheduler_before[later] = self._scheduler_state()
-            self.scheduler.step()
-
-    def _scheduler_state(self):
-        return self.scheduler.state_dict(), [group["lr"] for group in self.optimizer.param_groups]
-
-    def _set_scheduler_state(self, state):
-        scheduler_state, lrs = state
-        self.scheduler.load_state_dict(scheduler_state)
-        for group, lr in zip(self.optimizer.param_groups, lrs):
-            group["lr"] = lr
+    def _settle_skips(self, wait=False):
+        """Settle the NaN guard's pending steps (NanGuard.settle); never waits unless `wait`."""
+        self.nan_guard.settle(self.step, wait, self._scheduler_rewind.settled)
 
     def _scalars(self, sums, counted, grad_norm):
         """Host values for logging: the one place the loop waits for the device. `counted`: the steps
@@ -279,111 +237,34 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self):
-        """Write checkpoint (epoch, step); a full disk stops the run with one line, keeping every
-        complete checkpoint and removing what this one had written. With train.checkpoint_async the
-        loop only takes the state into host memory; a thread writes it (AsyncCheckpoint)."""
-        self._settle_nan_guard(wait=True)  # a stop must come before anything is written
+        """Write a checkpoint of this step (see Checkpointer.save); the NaN guard settles first, so that a
+        stop comes before anything is written."""
+        self._settle_skips(wait=True)
         self.wait_for_checkpoint()  # at most one save in flight: its error surfaces here
-        tmp = self.checkpoints.tmp_path(self.epoch, self.step)
-        try:
-            start = time.perf_counter()
-            if self.env.is_main:
-                self.checkpoints.begin(self.epoch, self.step)
-            self.strategy.barrier()  # the folder exists before any rank writes into it
-            if self.async_checkpoint is not None:
-                parts = self._checkpoint_parts(tmp, copy=True, process_group=self.async_checkpoint.group)
-                self.async_checkpoint.save(tmp, parts, self._checkpoint_meta(), start)
-            else:
-                self._write_checkpoint(tmp, start)
-        except Exception as e:
-            disk = disk_error(e)
-            if disk is None:
-                raise
-            raise self._stopped_by_full_disk(self.step, tmp, disk) from None
+        self.checkpoints.save(self.step, self.epoch, self.checkpoint_meta(), self.state_dict)
 
     def wait_for_checkpoint(self, raise_errors=True):
         """Return once no checkpoint is being written in the background (train.checkpoint_async)."""
-        if self.async_checkpoint is not None:
-            self.async_checkpoint.wait(raise_errors)
+        self.checkpoints.wait(raise_errors)
 
-    def _write_checkpoint(self, tmp, start):
-        for take, write in self._checkpoint_parts(tmp):
-            write(take())
-        self.strategy.barrier()
-        if self.env.is_main:
-            final = self.checkpoints.commit(tmp, self._checkpoint_meta())
-            log.info("saved %s (%.1f s)", final, time.perf_counter() - start)
-        self.strategy.barrier()
+    def load_checkpoint(self, path):
+        """Continue from checkpoint folder `path`, written by any strategy at any world size."""
+        self.checkpoints.load(path, self.load_state_dict)
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.data.epoch,
+                 self.data.batch_in_epoch)
 
-    def _checkpoint_parts(self, tmp, copy=False, process_group=None):
-        """What a checkpoint holds, as (take, write) pairs. take() runs on the training thread (the
-        collectives, the device->host copies; `copy`: into host memory the training no longer changes);
-        write(taken) only writes files into `tmp` (in a thread with checkpoint_async; `process_group`
-        for write_state's collectives). One list for both modes: their files are the same."""
-        strategy, safe = self.strategy, self.train_config.checkpoint_safe_serialization
-        join = os.path.join
-        parts = [(lambda: strategy.model_snapshot(copy=copy),
-                  lambda state: strategy.write_model(join(tmp, "model"), state, safe))]
-        if self.ema is not None:
-            parts.append((lambda: strategy.model_snapshot(self.ema.state_dict(self.unwrapped_model), copy=copy),
-                          lambda state: strategy.write_model(join(tmp, "model_ema"), state, safe)))
-        parts.append((lambda: strategy.state_snapshot(copy=copy),
-                      lambda state: strategy.write_state(tmp, state, process_group)))
-        rng_file = join(tmp, f"random_states_{self.env.rank}.pt")
-        parts.append((rng_state, lambda state: torch.save(state, rng_file)))  # rng_state() is a fresh copy
-        if self.env.is_main:
-            def training_state():
-                state = {"scheduler": self.scheduler.state_dict(), "data": self.data.state_dict(), "step": self.step}
-                return host_copy(state) if copy else state
-            parts.append((training_state, lambda state: torch.save(state, join(tmp, "training_state.pt"))))
-        return parts
+    def state_dict(self):
+        """The trainer's own state in a checkpoint (training_state.pt)."""
+        return {"scheduler": self.scheduler.state_dict(), "data": self.data.state_dict(), "step": self.step}
 
-    def _checkpoint_meta(self):
+    def load_state_dict(self, state):
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.data.load_state_dict(state["data"])
+        self.step = int(state["step"])
+
+    def checkpoint_meta(self):
+        """What meta.json records beside the files."""
         return dict(step=self.step, epoch=self.epoch, samples_seen=self.data.samples_seen,
                     world_size=self.env.world_size, distributed_type=self.config.launch.distributed_type,
                     mixed_precision=self.train_config.mixed_precision, ema=self.ema is not None,
                     config=self.config.to_dict())
-
-    def _stopped_by_full_disk(self, step, tmp, disk):
-        """The one line that stops the run when the disk cannot hold checkpoint `step`; removes what
-        it had written (`tmp`), so the newest complete checkpoint stays the newest."""
-        if self.env.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return TrainingStopped(
-            f"checkpoint at step {step}: {os.strerror(disk.errno)} writing {disk.filename or tmp}"
-            f" ({free_bytes(self.model_dir) / 2**30:.2f} GiB free there); nothing of it was kept, the"
-            f" newest complete checkpoint is {self.checkpoints.latest() or 'none yet'}")
-
-    def _resume(self, resume):
-        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
-            resume = resume or True  # the elastic agent restarted us: continue from the newest checkpoint
-        if not resume:
-            return
-        if resume is True:
-            path = self.checkpoints.latest()
-            if path is None:
-                log.info("resume: no checkpoint in %s yet; starting from step 0", self.model_dir)
-                return
-        else:
-            path = resume
-            if not is_complete(path):
-                raise ConfigError(f"train.resume: {path} is not a complete checkpoint folder")
-        self.load_checkpoint(path)
-
-    def load_checkpoint(self, path):
-        self.wait_for_checkpoint()
-        strict = self.train_config.checkpoint_strict
-        self.strategy.load_model(os.path.join(path, "model"), strict)
-        self.strategy.load_state(path)
-        state = torch.load(os.path.join(path, "training_state.pt"), map_location="cpu", weights_only=True)
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.data.load_state_dict(state["data"])
-        self.step = int(state["step"])
-        if self.ema is not None:
-            members = isinstance(self.unwrapped_model, ModuleDict)
-            self.ema.load_state_dict(load_weights(os.path.join(path, "model_ema"), members=members))
-        rng_file = os.path.join(path, f"random_states_{self.env.rank}.pt")
-        if os.path.isfile(rng_file):
-            set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.data.epoch,
-                 self.data.batch_in_epoch)

@@ -5,11 +5,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ...registry import STRATEGIES
 from ..env import init_process_group
-from .base import Strategy
+from .torch_optimizer import TorchOptimizerStrategy
 
 
 @STRATEGIES.register(name="DDP")
-class DDPStrategy(Strategy):
+class DDPStrategy(TorchOptimizerStrategy):
     def __init__(self, env, launch, train, **kwargs):
         super().__init__(env, launch, train, **kwargs)
         init_process_group(env)  # also at world size 1: DDP needs a group

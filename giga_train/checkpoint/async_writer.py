@@ -1,7 +1,7 @@
 """train.checkpoint_async: the loop takes a checkpoint's state into host memory and goes on; a thread
 writes the files and commits the folder.
 
-The loop pays for Trainer._checkpoint_parts' `take`s: the collectives and device->host copies. The
+The loop pays for Checkpointer.parts' `take`s: the collectives and device->host copies. The
 thread runs the `write`s, then every rank's thread tells the others how its writing went (an
 all_gather on a gloo group of the checkpoints' own, as are DCP's collectives in write_state: they
 never run beside the training thread's collectives on the default group), and the main rank commits
@@ -16,14 +16,15 @@ import time
 
 import torch.distributed as dist
 
-from ..checkpoint import disk_error
+from .manager import disk_error
 
 log = logging.getLogger("giga_train")
 
 
-class AsyncCheckpoint:
-    def __init__(self, trainer):
-        self.trainer = trainer
+class AsyncWriter:
+    def __init__(self, checkpointer):
+        self.checkpointer = checkpointer
+        self.rank, self.is_main = checkpointer.env.rank, checkpointer.env.is_main
         # A collective: every rank creates it here, at start-up, on the training thread.
         self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         self._thread = self._outcome = None
@@ -55,7 +56,7 @@ class AsyncCheckpoint:
 
     # -- the background thread ------------------------------------------------------------------
     def _write(self, tmp, taken, meta, step, start):
-        trainer, error = self.trainer, None
+        checkpointer, error = self.checkpointer, None
         try:
             written = time.perf_counter()
             while taken:
@@ -65,25 +66,25 @@ class AsyncCheckpoint:
                 except Exception as e:  # still run the other writes: write_state is a collective
                     error = error or e
             failures = self._gather(error)
-            if not failures and trainer.env.is_main:
+            if not failures and self.is_main:
                 try:
-                    final = trainer.checkpoints.commit(tmp, meta)
+                    final = checkpointer.folders.commit(tmp, meta)
                     log.info("saved %s (%.2f s in the loop, %.1f s written in the background)", final,
                              written - start, time.perf_counter() - written)
                 except Exception as e:
                     error = e
             if not failures:
                 failures = self._gather(error)  # the commit's outcome, for every rank
-            if failures and trainer.env.is_main:
+            if failures and self.is_main:
                 shutil.rmtree(tmp, ignore_errors=True)
         except BaseException as e:  # e.g. a peer died in the gather: the training thread hears of it
             error = error or e
-            failures = [_summary(error, trainer.env.rank)]
+            failures = [_summary(error, self.rank)]
         self._outcome = dict(step=step, tmp=tmp, error=error, failures=failures)
 
     def _gather(self, error):
         """Every rank's failure (rank, what, errno, filename), those without one left out."""
-        summary = _summary(error, self.trainer.env.rank) if error is not None else None
+        summary = _summary(error, self.rank) if error is not None else None
         everyone = [summary]
         if self.group is not None and dist.get_world_size(self.group) > 1:
             everyone = [None] * dist.get_world_size(self.group)
@@ -93,14 +94,14 @@ class AsyncCheckpoint:
     def _error(self, outcome):
         step, failures = outcome["step"], outcome["failures"]
         for f in failures:
-            if f["errno"] is not None:  # a full disk anywhere: the trainer's one line, on every rank
+            if f["errno"] is not None:  # a full disk anywhere: the checkpointer's one line, on every rank
                 disk = OSError(f["errno"], os.strerror(f["errno"]), f["filename"])
-                return self.trainer._stopped_by_full_disk(step, outcome["tmp"], disk)
+                return self.checkpointer.stopped_by_full_disk(step, outcome["tmp"], disk)
         first, own = failures[0], outcome["error"]
-        where = "" if first["rank"] == self.trainer.env.rank else f" on rank {first['rank']}"
+        where = "" if first["rank"] == self.rank else f" on rank {first['rank']}"
         error = RuntimeError(f"checkpoint at step {step}: writing it in the background failed{where}: "
                              f"{first['what']}; the newest complete checkpoint is"
-                             f" {self.trainer.checkpoints.latest() or 'none yet'}")
+                             f" {self.checkpointer.latest() or 'none yet'}")
         error.__cause__ = own if own is not None and not where else None
         return error
 

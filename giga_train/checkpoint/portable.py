@@ -138,8 +138,3 @@ def _read_universal(work, state_dir, names, param_groups):
         state[name] = entry
     return weights, dict(state=state, param_groups=_groups_by_name(param_groups, inner["param_groups"], names))
 
-
-def trainable_names(model, optimizer):
-    """(name, shape) of each parameter the optimizer steps, in the optimizer's order."""
-    by_id = {id(p): (n, tuple(p.shape)) for n, p in model.named_parameters()}
-    return [by_id[id(p)] for g in optimizer.param_groups for p in g["params"]]

@@ -1,0 +1,174 @@
+"""The Checkpointer: save (in the loop or in the background), rotate, resume and load, for every strategy.
+
+A checkpoint folder `models/checkpoint_epoch_E_step_S/` holds `model/` (the whole weights, written by the
+main rank), `model_ema/` with EMA, the engine's optimizer state (`optimizer_dcp/` + `precision.pt`, or
+`deepspeed/`), `random_states_R.pt` per rank, `training_state.pt` (the trainer's state_dict: scheduler,
+data position, step) and, written last, `meta.json`. The strategy takes and writes its own state; all the
+rest (folders, files, order, errors) is here, so the trainer calls save/resume in one line each."""
+import logging
+import os
+import shutil
+import time
+
+import torch
+
+from ..errors import ConfigError, TrainingStopped
+from ..module_dict import ModuleDict
+from .async_writer import AsyncWriter
+from .manager import CheckpointManager, disk_error, free_bytes, is_complete, read_meta
+from .portable import deepspeed_meta, read_dcp, read_deepspeed
+from .snapshot import host_copy
+from .state import load_weights, rng_state, save_weights, set_rng_state
+
+log = logging.getLogger("giga_train")
+MODEL, MODEL_EMA, TRAINING_STATE = "model", "model_ema", "training_state.pt"
+
+
+class Checkpointer:
+    def __init__(self, strategy, model_dir, train, ema=None):
+        """`train`: the train config (checkpoint_* keys); `ema`: the EMA whose weights go into model_ema/."""
+        self.strategy, self.env, self.model_dir, self.ema = strategy, strategy.env, model_dir, ema
+        self.safe, self.strict = train.checkpoint_safe_serialization, train.checkpoint_strict
+        self.folders = CheckpointManager(model_dir, train.checkpoint_total_limit, train.checkpoint_keeps)
+        self.async_writer = None
+        if train.checkpoint_async and strategy.state_snapshot_detached:
+            self.async_writer = AsyncWriter(self)
+        elif train.checkpoint_async:
+            log.info("train.checkpoint_async has no effect under %s: its engine writes checkpoints synchronously",
+                     type(strategy).__name__)
+
+    def latest(self):
+        """The newest complete checkpoint folder, or None."""
+        return self.folders.latest()
+
+    def latest_step(self):
+        """The step of the newest complete checkpoint, or None."""
+        latest = self.latest()
+        return read_meta(latest)["step"] if latest else None
+
+    @property
+    def in_flight(self):
+        """Whether a checkpoint is being written in the background (train.checkpoint_async)."""
+        return self.async_writer is not None and self.async_writer.in_flight
+
+    # -- save -----------------------------------------------------------------------------------
+    def save(self, step, epoch, meta, training_state):
+        """Write checkpoint (epoch, step); `training_state()` gives the trainer's state, `meta` goes into
+        meta.json. A full disk stops the run with one line, keeping every complete checkpoint and removing
+        what this one had written. In the background with train.checkpoint_async: the loop only takes the
+        state into host memory."""
+        self.wait()  # at most one save in flight: its error surfaces here
+        tmp = self.folders.tmp_path(epoch, step)
+        try:
+            start = time.perf_counter()
+            if self.env.is_main:
+                self.folders.begin(epoch, step)
+            self.strategy.barrier()  # the folder exists before any rank writes into it
+            if self.async_writer is not None:
+                parts = self.parts(tmp, training_state, copy=True, process_group=self.async_writer.group)
+                self.async_writer.save(tmp, parts, meta, start)
+            else:
+                for take, write in self.parts(tmp, training_state):
+                    write(take())
+                self.strategy.barrier()
+                if self.env.is_main:
+                    log.info("saved %s (%.1f s)", self.folders.commit(tmp, meta), time.perf_counter() - start)
+                self.strategy.barrier()
+        except Exception as e:
+            disk = disk_error(e)
+            if disk is None:
+                raise
+            raise self.stopped_by_full_disk(step, tmp, disk) from None
+
+    def wait(self, raise_errors=True):
+        """Return once no checkpoint is being written in the background."""
+        if self.async_writer is not None:
+            self.async_writer.wait(raise_errors)
+
+    def parts(self, tmp, training_state, copy=False, process_group=None):
+        """What a checkpoint holds, as (take, write) pairs. take() runs on the training thread (the
+        collectives, the device->host copies; `copy`: into host memory the training no longer changes);
+        write(taken) only writes files into `tmp` (in a thread with checkpoint_async; `process_group`
+        for write_state's collectives). One list for both modes: their files are the same."""
+        strategy, join = self.strategy, os.path.join
+        parts = [(lambda: self.model_snapshot(copy=copy), lambda state: self.write_model(join(tmp, MODEL), state))]
+        if self.ema is not None:
+            parts.append((lambda: self.model_snapshot(self.ema.state_dict(strategy.unwrap()), copy=copy),
+                          lambda state: self.write_model(join(tmp, MODEL_EMA), state)))
+        parts.append((lambda: strategy.state_snapshot(copy=copy),
+                      lambda state: strategy.write_state(tmp, state, process_group)))
+        rng_file = join(tmp, f"random_states_{self.env.rank}.pt")
+        parts.append((rng_state, lambda state: torch.save(state, rng_file)))  # rng_state() is a fresh copy
+        if self.env.is_main:
+            parts.append((lambda: host_copy(training_state()) if copy else training_state(),
+                          lambda state: torch.save(state, join(tmp, TRAINING_STATE))))
+        return parts
+
+    def model_snapshot(self, state=None, copy=False):
+        """The full model state (or `state`, another state dict of the model, e.g. EMA's) on the host, on
+        the main rank (None elsewhere); a collective under sharding. `copy`: tensors the training can no
+        longer change. Off the CPU the full state already is a fresh host copy; on a CPU run `.cpu()`
+        returns the live tensors, so they are cloned."""
+        strategy = self.strategy
+        state = strategy.full_state_dict(state) if state is not None else strategy.model_state_dict()
+        if not self.env.is_main:
+            return None
+        return host_copy(state) if copy and strategy.device.type == "cpu" else state
+
+    def write_model(self, folder, state):
+        """Write what model_snapshot took (files only: safe in a background thread)."""
+        if self.env.is_main:
+            save_weights(folder, state, members=self._members(), safe=self.safe)
+
+    def stopped_by_full_disk(self, step, tmp, disk):
+        """The one line that stops the run when the disk cannot hold checkpoint `step`; removes what it had
+        written (`tmp`), so the newest complete checkpoint stays the newest."""
+        if self.env.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return TrainingStopped(
+            f"checkpoint at step {step}: {os.strerror(disk.errno)} writing {disk.filename or tmp}"
+            f" ({free_bytes(self.model_dir) / 2**30:.2f} GiB free there); nothing of it was kept, the"
+            f" newest complete checkpoint is {self.latest() or 'none yet'}")
+
+    # -- resume ---------------------------------------------------------------------------------
+    def resume_path(self, resume):
+        """The folder `train.resume` names (True: the newest complete one), or None to start afresh. An
+        elastic restart resumes from the newest checkpoint whatever the config says."""
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+            resume = resume or True
+        if not resume:
+            return None
+        if resume is True:
+            path = self.latest()
+            if path is None:
+                log.info("resume: no checkpoint in %s yet; starting from step 0", self.model_dir)
+            return path
+        if not is_complete(resume):
+            raise ConfigError(f"train.resume: {resume} is not a complete checkpoint folder")
+        return resume
+
+    def load(self, path, load_training_state):
+        """Restore every rank from checkpoint `path`, written by any strategy at any world size:
+        weights, engine state, `load_training_state(state)` with the trainer's state, EMA, RNG."""
+        self.wait()
+        strategy, members = self.strategy, self._members()
+        strategy.load_model_state(load_weights(os.path.join(path, MODEL), members=members), self.strict)
+        if not strategy.load_state(path):  # another engine's form: read it whole
+            strategy.load_full_state(*read_full_state(path, *strategy.optimizer_layout()))
+        load_training_state(torch.load(os.path.join(path, TRAINING_STATE), map_location="cpu", weights_only=True))
+        if self.ema is not None:
+            self.ema.load_state_dict(load_weights(os.path.join(path, MODEL_EMA), members=members))
+        rng_file = os.path.join(path, f"random_states_{self.env.rank}.pt")
+        if os.path.isfile(rng_file):
+            set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))
+
+    def _members(self):
+        return isinstance(self.strategy.unwrap(), ModuleDict)
+
+
+def read_full_state(folder, names, param_groups):
+    """(fp32 weights or None, the full optimizer state keyed by parameter name) of any strategy's checkpoint:
+    DeepSpeed's universal form (which carries its fp32 master weights), else torch.distributed.checkpoint's."""
+    if deepspeed_meta(folder) is not None:
+        return read_deepspeed(folder, names, param_groups)
+    return None, read_dcp(folder)

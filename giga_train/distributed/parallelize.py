@@ -1,0 +1,47 @@
+"""parallelize: the model transformations, once, in the order that works: fp8 -> activation checkpointing
+-> compile -> shard (the strategy's setup, which also builds the optimizer).
+
+The block classes that checkpointing and compile need are resolved first, on the user's model (blocks.py
+parses every key that names classes; FSDP resolves its wrap classes from its own config the same way). Float8 Linears must exist before anything wraps their forward or compiles it;
+checkpointing wraps each block's forward before compile traces it; compile works in place, so the
+sharding wrappers applied last (fully_shard, DDP, DeepSpeed) see the same module tree and parameter names."""
+from dataclasses import dataclass
+
+from ..blocks import parse_class_names, require_classes
+from ..compile import block_classes, compile_model, compiles
+from ..fp8 import convert_to_float8, precompute_scales_after_step
+from .activation_checkpointing import apply_activation_checkpointing
+
+
+@dataclass
+class BlockPlan:
+    checkpointed: dict  # {class name: None (all) or the first N} for activation checkpointing
+    compiled: list      # classes compiled one by one ([] = the whole model); None = no compile
+
+
+def plan_blocks(model, train, fsdp_config):
+    checkpointed = {}
+    if train.activation_checkpointing:
+        checkpointed = parse_class_names(train.activation_class_names)
+        require_classes(model, checkpointed, "train.activation_class_names")
+    compiled = None
+    if compiles(train.dynamo_config):
+        compiled = block_classes(model, train.dynamo_config, train.activation_class_names, fsdp_config) \
+            if train.dynamo_config.get("use_regional_compilation", True) else []
+    return BlockPlan(checkpointed, compiled)
+
+
+def parallelize(model, strategy, train, fsdp_config, make_optimizer):
+    """Transform `model` as the train config says and hand it to `strategy`; returns (model, optimizer).
+    `make_optimizer(module)` builds the optimizer over the module the engine steps."""
+    plan = plan_blocks(model, train, fsdp_config)
+    if train.mixed_precision == "fp8":
+        convert_to_float8(model, train.fp8_config, fsdp2=strategy.gathers_float8_weights())
+    if plan.checkpointed:
+        apply_activation_checkpointing(model, plan.checkpointed)
+    if plan.compiled is not None:
+        compile_model(model, train.dynamo_config, plan.compiled)
+    model, optimizer = strategy.setup(model, make_optimizer)  # FSDP shards its wrap classes (blocks.py)
+    if train.mixed_precision == "fp8":
+        precompute_scales_after_step(strategy.unwrap(), optimizer)
+    return model, optimizer
