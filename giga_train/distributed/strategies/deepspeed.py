@@ -54,6 +54,9 @@ class DeepSpeedStrategy(Strategy):
         self._added_env = _set_launcher_variables(self.env)
         self.model, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config,
                                                    dist_init_required=False)
+        bind = getattr(optimizer, "bind_deepspeed", None)  # CAME8Bit: which weight pieces each flat partition holds
+        if bind is not None:
+            bind(self.model.optimizer, model.named_parameters())
         return self.model, self.optimizer
 
     def unwrap(self):
