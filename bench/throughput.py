@@ -47,13 +47,15 @@ LR, WEIGHT_DECAY, SEED = 1e-4, 0.01, 0
 
 def row_spec(size, path, device="cuda", compile=False, precision="bf16", optimizer="adamw", steps=30, warmup=5,
              profile_steps=0, expect_oom=False, budget_s=None, simulate=None, log_interval=None, accumulate=1,
-             batch=None):
+             batch=None, strategy="NO"):
     """One configuration of the bench (JSON-able: it is handed to a child process). A step is one
     optimizer step over `accumulate` micro-batches of `batch` sequences (None: the size's). `log_interval`:
-    the giga path's (default: one log line, after the timed steps)."""
+    the giga path's (default: one log line, after the timed steps). `strategy`: the giga path's engine,
+    "NO" or "ZERO2" (DeepSpeed ZeRO-2 at one rank: GigaTrain projects' usual engine)."""
     return dict(size=size, path=path, device=device, compile=compile, precision=precision, optimizer=optimizer,
                 steps=steps, warmup=warmup, profile_steps=profile_steps, expect_oom=expect_oom,
-                budget_s=budget_s, simulate=simulate, log_interval=log_interval, accumulate=accumulate, batch=batch)
+                budget_s=budget_s, simulate=simulate, log_interval=log_interval, accumulate=accumulate, batch=batch,
+                strategy=strategy)
 
 
 def h200_suite():
@@ -140,6 +142,8 @@ def giga_config(spec, shape, device, project_dir):
     if spec["compile"]:
         train["dynamo_config"] = dict(backend="inductor")
     launch = dict(distributed_type="NO", **({"gpu_ids": [device.index or 0]} if device.type == "cuda" else {}))
+    if spec.get("strategy", "NO") == "ZERO2":
+        launch.update(distributed_type="DEEPSPEED", deepspeed_config=dict(deepspeed_config_file="zero2.json"))
     return dict(
         runners=["bench.throughput.ThroughputTrainer"], project_dir=project_dir, launch=launch,
         dataloaders=dict(train=dict(data_or_config=dataset_for(shape, probe_steps, spec["accumulate"]),
@@ -414,8 +418,9 @@ def report(rows, meta, out):
         if not ok and r.get("error") and r["status"] != "OOM":
             status += f": {r['error'][:80]}"
         losses = r.get("losses") or []
+        engine = " ZeRO-2" if r.get("strategy") == "ZERO2" else ""
         print(f"| {r['size']} | {batch_label(r)} | {r['precision']} | {'per block' if r['compile'] else 'eager'} | {r['optimizer']} |"
-              f" {'giga-train' if r['path'] == 'giga' else 'hand-written'} |"
+              f" {'giga-train' + engine if r['path'] == 'giga' else 'hand-written'} |"
               f" {_fmt(r.get('tokens_per_s'), '{:,.0f}')} | {_fmt(r.get('mfu'), '{:.1%}')} |"
               f" {_fmt(r.get('ours_over_hand'), '{:.3f}')} | {_fmt(r.get('fp8_over_bf16'), '{:.2f}x')} |"
               f" {_fmt(r.get('peak_gb'), '{:.1f}')} | {_fmt(r.get('compile_s') if r['compile'] else None, '{:.1f}')} |"
@@ -444,8 +449,9 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--compile", action="store_true", help="compile each Block (train.dynamo_config)")
     parser.add_argument("--precision", default="bf16", choices=("no", "bf16", "fp8"))
-    parser.add_argument("--optimizer", default="adamw", choices=("adamw", "came8bit"))
+    parser.add_argument("--optimizer", default="adamw", help="adamw, came8bit, or both (comma-separated)")
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
+    parser.add_argument("--strategies", default="NO", help="the giga path's engines: NO, ZERO2 (comma-separated)")
     parser.add_argument("--batch", type=int, default=None, help="sequences per micro-batch (default: the size's)")
     parser.add_argument("--steps", type=int, default=30, help="steps timed up to (warm-up included)")
     parser.add_argument("--warmup", type=int, default=5, help="first steps left out of the timing")
@@ -469,9 +475,10 @@ def main(argv=None):
         if not 1 <= args.warmup < args.steps:
             parser.error("need 1 <= --warmup < --steps")
         specs = [row_spec(args.size, path.strip(), device=args.device, compile=args.compile, precision=args.precision,
-                          optimizer=args.optimizer, steps=args.steps, warmup=args.warmup, profile_steps=args.profile,
-                          accumulate=args.accumulate, batch=args.batch)
-                 for path in args.paths.split(",")]
+                          optimizer=optimizer.strip(), steps=args.steps, warmup=args.warmup, profile_steps=args.profile,
+                          accumulate=args.accumulate, batch=args.batch, strategy=strategy.strip())
+                 for optimizer in args.optimizer.split(",") for path in args.paths.split(",")
+                 for strategy in (args.strategies.split(",") if path.strip() == "giga" else ["NO"])]
         budget = args.budget
     meta = meta_info()
     rows = run_rows(specs, budget, args.row_timeout, args.cold_compile, args.out, meta, args.logs)

@@ -8,6 +8,8 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
+
+from tests.triton_shim import interpreter_numpy_shim
 import torch.multiprocessing as mp
 
 from giga_train.optimizers import CAME8Bit
@@ -45,6 +47,7 @@ def train(model, opt, steps, first=0, rank=0, world=1):
 def _worker(rank, world, port, out_path, backend="auto"):
     if backend == "triton":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton compiles anything, in this process only
+        interpreter_numpy_shim()
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
     from torch.distributed.fsdp import fully_shard
@@ -135,6 +138,7 @@ def _plain_worker(out_path, backend):
     """One process, whole tensors, the same backend (the interpreter, for 'triton')."""
     if backend == "triton":
         os.environ["TRITON_INTERPRET"] = "1"
+        interpreter_numpy_shim()
     model = make_model()
     opt = CAME8Bit(model.parameters(), **OPT_ARGS)
     opt.backend = backend

@@ -178,21 +178,11 @@ def _adam_skip_checks(torch):
     return out
 
 
-def _interpreter_numpy_shim():
-    """triton 3.6's interpreter holds scalars as 1-element arrays and takes loop bounds with
-    int(array), which numpy >= 2.4 refuses for arrays of one dimension: index the element."""
-    from triton.runtime import interpreter
-    patch = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-    interpreter._patch_lang_tensor = patched
-
-
 def main():
     import torch
-    _interpreter_numpy_shim()
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
+    from tests.triton_shim import interpreter_numpy_shim
+    interpreter_numpy_shim()
     torch.set_num_threads(1)
     print(json.dumps({**_came_checks(torch), **_codec_checks(torch), **_found_inf_checks(torch),
                       **_adam_checks(torch), **_adam_skip_checks(torch)}))
