@@ -53,8 +53,9 @@ def test_gigatrain_sentinels_mean_not_set(tmp_path):
 def test_checkpoint_interval_counts_epochs_when_training_by_epochs(tmp_path):
     cfg = checked(tmp_path, max_steps=None, max_epochs=4, checkpoint_interval=0.5)
     assert cfg.train.checkpoint_interval == 0.5  # half an epoch: the trainer turns it into steps
-    cfg = checked(tmp_path, max_steps=None, max_epochs=4)
-    assert cfg.train.checkpoint_interval == 1  # GigaTrain's default: every epoch
+    cfg = checked(tmp_path, max_steps=None, max_epochs=4, checkpoint_total_limit=2)
+    assert cfg.train.checkpoint_interval is None  # GigaTrain's default: every epoch (checkpoint_steps)
+    assert checkpoint_steps(cfg.train, epoch_size=6) == 6
     cfg = checked(tmp_path, max_steps=40, checkpoint_interval=10.0)
     assert cfg.train.checkpoint_interval == 10 and isinstance(cfg.train.checkpoint_interval, int)
     refused(tmp_path, "train.checkpoint_interval: 2.5 steps is not a whole number", checkpoint_interval=2.5)
