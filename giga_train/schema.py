@@ -26,7 +26,7 @@ class Key:
         if self.choices is not None and value not in self.choices:
             raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(repr, self.choices))}"
                               f"{did_you_mean(value, self.choices)}")
-        if self.min is not None and value < self.min:
+        if self.min is not None and value is not None and value < self.min:
             raise ConfigError(f"{path}: must be >= {self.min}, got {value!r}")
         if self.check is not None:
             message = self.check(value)
@@ -148,7 +148,7 @@ TRAIN = dict(
     checkpoint_async=Key(False, bool),  # write checkpoints in a background thread (not under DEEPSPEED)
     progress_bar=Key(True, bool),
     nan_policy=Key("skip", str, choices=("skip", "stop", "off")),  # a non-finite loss/grad norm: skip the update
-    max_nan_steps=Key(10, int, min=1),  # skipped steps in a row before the run stops (None: never)
+    max_nan_steps=Key(10, (int, type(None)), min=1),  # skipped steps in a row before the run stops (None: never)
 )
 # In GigaTrain these are not Trainer keywords: they reach the trainer's self.kwargs, so they are in ours too.
 GIGATRAIN_KWARGS = ("max_grad_norm", "grad_norm_type", "loss_nan_total_limit", "resume")

@@ -454,3 +454,22 @@ def test_check_cli_on_a_gigatrain_style_config(tmp_path, capsys):
     path = tmp_path / "c.py"
     path.write_text(f"config = {cfg!r}\n")
     assert main(["check", str(path)]) == 0, capsys.readouterr().err
+
+
+def test_validation_is_idempotent(tmp_path, monkeypatch):
+    """Each rank validates the launcher's already-normalised config again: the second pass changes nothing."""
+    import copy
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    cfg = checked(tmp_path, launch=dict(gpu_ids=[[0, 1], [2, 3]], main_process_ip=["a", "b"], distributed_type="fsdp",
+                                        fsdp_config=dict(version="2", sharding_strategy="SHARD_GRAD_OP",
+                                                         transformer_layer_cls_to_wrap="Block",
+                                                         activation_checkpointing="true"),
+                                        dynamo_config=dict(dynamo_backend="INDUCTOR"), enable_cpu_affinity=False),
+                  max_steps=0, max_epochs=2, checkpoint_interval=0.25, checkpoint_total_limit=-1, log_with=None,
+                  mixed_precision=None, loss_nan_total_limit=-1, grad_norm_type="inf", extra_knob=1)
+    first = copy.deepcopy(cfg)
+    validated_runners(cfg)
+    assert cfg == first
+    assert cfg.launch.fsdp_config.fsdp_reshard_after_forward is False and cfg.train.max_nan_steps is None
