@@ -418,6 +418,10 @@ def test_deepspeed_plugin_keys_build_the_deepspeed_json():
         deepspeed_config_file="zero2.json")
     inline = dict(zero_optimization=dict(stage=1), bf16=dict(enabled="auto"))
     assert normalise_deepspeed(inline, train) == inline  # our own inline DeepSpeed form is kept
+    inline = dict(zero_optimization=dict(stage=2), gradient_clipping=1.0, gradient_accumulation_steps="auto")
+    assert normalise_deepspeed(inline, train) == inline  # keys of both forms: DeepSpeed's own keys decide
+    assert normalise_deepspeed(dict(gradient_clipping=0.5), Train(gradient_accumulation_steps=1, max_grad_norm=None)
+                               )["zero_optimization"] == dict(stage=2)  # Accelerate's form: its default stage
 
 
 @pytest.mark.parametrize("given, message", [
