@@ -35,7 +35,7 @@ def final_loss(optimizer, steps, lr):
         cfg.schedulers.decay_steps = steps
         start = time.perf_counter()
         trainer = launch_from_config(cfg)
-        return trainer.last_metrics["loss"], time.perf_counter() - start
+        return trainer.last_metrics["total_loss"], time.perf_counter() - start
 
 
 def main():

@@ -2,6 +2,8 @@
 
     python bench/optimizers.py                          # CUDA, GPU.md's 308M set
     python bench/optimizers.py --device cpu --size tiny # a quick CPU run
+    python bench/optimizers.py --sharded                # CAME8Bit under FSDP2 and ZeRO-2 at one rank
+    python bench/optimizers.py --sharded --device cpu --size tiny   # its CPU smoke run
 
 Anchors: torch AdamW (fused, foreach), came-pytorch CAME (fp32), GigaTrain's published CAME8Bit
 re-created from its description (min-max codes in blocks of `block_size` *rows*, re-quantized in a
@@ -147,13 +149,82 @@ def with_backend(opt, backend):
 
 
 def state_bytes(opt):
-    total = 0
-    for st in opt.state.values():
-        for v in st.values():
-            if torch.is_tensor(v):
+    """Bytes of optimizer state this rank holds (local shards; CAME8Bit's ZeRO pieces included)."""
+    def count(d):
+        total = 0
+        for v in d.values():
+            if isinstance(v, dict):
+                total += count(v)
+            elif torch.is_tensor(v):
                 v = getattr(v, "_local_tensor", v)
                 total += v.numel() * v.element_size()
-    return total
+        return total
+    return sum(count(st) for st in opt.state.values())
+
+
+def _one_rank_group(device):
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        import socket
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=0, world_size=1)
+
+
+def sharded_rows(device, shapes, warmup, steps, backend="auto"):
+    """CAME8Bit step time and state bytes/param per rank at one rank: on whole tensors, on FSDP2's
+    DTensor shards (fully_shard), and on ZeRO-2's flat fp32 partition (the layout DeepSpeed hands the
+    optimizer: every weight a view of one flat tensor, came_zero.py), the same kernels throughout."""
+    from giga_train.optimizers.came_zero import layouts_of
+    _one_rank_group(device)
+    kw = dict(lr=1e-4, weight_decay=0.01)
+    gen = torch.Generator(device=device).manual_seed(0)
+    init = [torch.randn(s, device=device, generator=gen) * 0.02 for s in shapes]
+    grads = [torch.randn(s, device=device, generator=gen) * 1e-3 for s in shapes]
+    numel = sum(t.numel() for t in init)
+    rows = []
+
+    def record(name, opt, fn):
+        for _ in range(warmup):
+            fn()
+        ms = Timer(device)(fn, steps)
+        rows.append(dict(name=name, step_ms=ms, state_bytes_per_param=state_bytes(opt) / numel, params=numel))
+        print(f"{name}: {ms:.2f} ms, {rows[-1]['state_bytes_per_param']:.3f} B/param", flush=True)
+
+    params = [torch.nn.Parameter(t.clone()) for t in init]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    opt = with_backend(CAME8Bit(params, **kw), backend)
+    record("CAME8Bit whole tensors", opt, opt.step)
+    del opt, params
+
+    from torch.distributed.fsdp import fully_shard
+    module = torch.nn.Module()
+    module.ps = torch.nn.ParameterList([torch.nn.Parameter(t.clone()) for t in init])
+    fully_shard(module)
+    for p, g in zip(module.ps, grads):
+        p.grad = torch.distributed.tensor.DTensor.from_local(g.clone(), p.device_mesh, p.placements)
+    opt = with_backend(CAME8Bit(module.parameters(), **kw), backend)
+    record("CAME8Bit FSDP2 (1 rank)", opt, opt.step)
+    del opt, module
+
+    flat = torch.nn.Parameter(torch.cat([t.reshape(-1) for t in init]))
+    flat.grad = torch.cat([g.reshape(-1) for g in grads])
+    entries, off = [], 0
+    for k, t in enumerate(init):
+        entries.append((f"w{k}", tuple(t.shape), off, 0, t.numel()))
+        off += t.numel()
+    opt = with_backend(CAME8Bit([flat], **kw), backend)
+    opt._zero = layouts_of([(flat, None, entries)])
+    opt._zero[id(flat)].flat = flat
+    record("CAME8Bit ZeRO-2 layout (1 rank)", opt, opt.step)
+    del opt, flat
+    base = rows[0]["step_ms"]
+    for r in rows:
+        r["x_whole"] = r["step_ms"] / base
+    return rows
 
 
 class Timer:
@@ -442,10 +513,24 @@ def main():
     ap.add_argument("--tune", action="store_true",
                     help="first time a few kernel launch configurations, then measure with the fastest")
     ap.add_argument("--only", default="", help="comma-separated substrings of optimizer names to run")
+    ap.add_argument("--sharded", action="store_true",
+                    help="only CAME8Bit under FSDP2 and ZeRO-2 at one rank against whole tensors")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "optimizers.json"))
     args = ap.parse_args()
     shapes = param_shapes(**SIZES[args.size])
     device = args.device
+    if args.sharded:
+        rows = sharded_rows(device, shapes, args.warmup, max(args.steps, 5))
+        card = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+        out = args.out.replace("optimizers.json", "optimizers_sharded.json")
+        with open(out, "w") as f:
+            json.dump(dict(device=device, card=card, torch=torch.__version__, size=args.size, rows=rows), f, indent=2)
+        print(f"\n{card}, torch {torch.__version__}, {rows[0]['params'] / 1e6:.1f}M params, {len(shapes)} tensors")
+        print("\n| CAME8Bit | step ms | x whole tensors | state B/param per rank |")
+        print("|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['name']} | {r['step_ms']:.2f} | {r['x_whole']:.2f} | {r['state_bytes_per_param']:.3f} |")
+        return
     chosen = tune(device, shapes, args.warmup, max(args.steps, 5)) if args.tune else {}
     rows = []
     for name, factory in candidates(device).items():

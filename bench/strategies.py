@@ -57,7 +57,7 @@ def main():
         torch.cuda.reset_peak_memory_stats()
         trainer = launch_from_config(cfg)
         metrics = trainer.last_metrics
-        rows.append(dict(strategy=name, step_ms=1000 * metrics["step_time"], loss=metrics["loss"],
+        rows.append(dict(strategy=name, step_ms=1000 * metrics["step_time"], loss=metrics["total_loss"],
                          peak_gib=torch.cuda.max_memory_allocated() / 2**30,
                          samples_per_sec=metrics["samples_per_sec"]))
     report(rows, args)

@@ -3,7 +3,7 @@ import argparse
 import sys
 
 from .config import load_config
-from .errors import ConfigError, RegistryError, TrainingStopped
+from .errors import CheckpointError, ConfigError, RankFailed, RegistryError, TrainingStopped
 
 
 def main(argv=None):
@@ -33,16 +33,20 @@ def main(argv=None):
             print(f"{args.config}: ok ({', '.join(cfg.runners)})")
             return 0
         from .distributed.launch import launch_from_config
-        launch_from_config(args.config, args.overrides)
-    except (ConfigError, RegistryError, ValueError) as e:
+        launch_from_config(args.config, overrides=args.overrides)
+    except (ConfigError, RegistryError) as e:  # bad input: one line naming the key, file or value
         print(f"giga-train: error: {e}", file=sys.stderr)
         return 2
-    except TrainingStopped as e:  # e.g. the NaN guard: one line, exit 1
+    except (TrainingStopped, CheckpointError, RankFailed) as e:
+        # the NaN guard, a full disk, a refused or damaged file, a stuck rank; a rank's error (its own
+        # traceback printed above): one line, exit 1
         print(f"giga-train: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("giga-train: interrupted", file=sys.stderr)
         return 130
+    # Anything else (a ValueError in the user's model or dataset included) keeps its traceback: a bug
+    # to find where it happened, not bad input.
     return 0
 
 

@@ -4,6 +4,7 @@ import copy
 import importlib
 import json
 import os
+import pprint
 import runpy
 import sys
 
@@ -11,17 +12,24 @@ from .errors import ConfigError
 
 
 class Config(dict):
-    """A dict whose keys are also attributes, at every depth (`cfg.train.max_steps`)."""
+    """A dict whose keys are also attributes, at every depth (`cfg.train.max_steps`).
 
-    def __init__(self, *args, **kwargs):
+    GigaTrain's methods: `update` merges nested sections (a dict value with `__force__=True`
+    replaces the section instead), `pop(k, d=None)`, `setdefault`, `copy()` (deep), `to_dict(tuple_as_list)`,
+    `save(path)` (.json/.yaml; tuples as ['__tuple__', ...] in JSON), `Config.load(path)`,
+    `merge_from_file(path)`, `pretty_text`. A list that starts with '__tuple__' is read as a tuple."""
+
+    def __init__(self, d=None, **kwargs):
         super().__init__()
-        for k, v in dict(*args, **kwargs).items():
+        for k, v in dict(d or {}, **kwargs).items():
             self[k] = v
 
     def __setitem__(self, key, value):
         super().__setitem__(key, _wrap(value))
 
     def __getattr__(self, key):
+        if key.startswith("__") and key.endswith("__"):
+            raise AttributeError(key)  # copy/pickle probe dunders: not config keys
         try:
             return self[key]
         except KeyError:
@@ -33,20 +41,66 @@ class Config(dict):
     def __delattr__(self, key):
         del self[key]
 
-    def setdefault(self, key, default=None):
-        if key not in self:
-            self[key] = default
-        return self[key]
+    def setdefault(self, k, d=None):
+        if k not in self:
+            self[k] = d
+        return self[k]
 
-    def update(self, *args, **kwargs):
-        for k, v in dict(*args, **kwargs).items():
-            self[k] = v
+    def update(self, e=None, **f):
+        """Merge: a dict value merges into a section of that name (recursively) unless it has
+        `__force__=True`; every other value replaces. Returns self (GigaTrain's chaining)."""
+        for k, v in dict(e or {}, **f).items():
+            force = False
+            if isinstance(v, dict) and "__force__" in v:
+                force = bool(v["__force__"])
+                v = {key: val for key, val in v.items() if key != "__force__"}
+            if isinstance(v, dict) and isinstance(self.get(k), dict) and not force:
+                self[k].update(v)
+            else:
+                self[k] = v
+        return self
+
+    def pop(self, k, d=None):
+        return super().pop(k, d)
+
+    def copy(self):
+        return copy.deepcopy(self)
 
     def __deepcopy__(self, memo):
         return Config({k: copy.deepcopy(v, memo) for k, v in self.items()})
 
-    def to_dict(self):
-        return _unwrap(self)
+    def to_dict(self, tuple_as_list=False):
+        return _unwrap(self, tuple_as_list)
+
+    @property
+    def pretty_text(self):
+        return pprint.pformat(self.to_dict())
+
+    def __str__(self):
+        return f"Config:\n{self.pretty_text}"
+
+    def save(self, filename):
+        """Write to .json (tuples kept as ['__tuple__', ...]), .yaml/.yml; the folder is made."""
+        folder = os.path.dirname(os.path.abspath(filename))
+        os.makedirs(folder, exist_ok=True)
+        ext = os.path.splitext(filename)[1].lower()
+        if ext == ".json":
+            with open(filename, "w") as f:
+                json.dump(self.to_dict(tuple_as_list=True), f, indent=4)
+        elif ext in (".yaml", ".yml"):
+            import yaml
+            with open(filename, "w") as f:
+                yaml.safe_dump(_unwrap(self, True), f)
+        else:
+            raise ConfigError(f"{filename}: cannot save a config as '{ext}' (use .json, .yaml or .yml)")
+
+    @classmethod
+    def load(cls, filename):
+        """A Config from a file (.py/.json/.yaml/.yml) or a module path (`configs.exp1.config`)."""
+        return _load_source(filename)
+
+    def merge_from_file(self, filename):
+        return self.update(Config.load(filename))
 
 
 def _wrap(value):
@@ -55,28 +109,41 @@ def _wrap(value):
     if isinstance(value, dict):
         return Config(value)
     if isinstance(value, list):
+        if value and isinstance(value[0], str) and value[0] == "__tuple__":
+            return tuple(_wrap(v) for v in value[1:])
         return [_wrap(v) for v in value]
     if isinstance(value, tuple):
         return tuple(_wrap(v) for v in value)
     return value
 
 
-def _unwrap(value):
+def _unwrap(value, tuple_as_list=False):
     if isinstance(value, dict):
-        return {k: _unwrap(v) for k, v in value.items()}
+        return {k: _unwrap(v, tuple_as_list) for k, v in value.items()}
+    if isinstance(value, tuple) and tuple_as_list:
+        return ["__tuple__"] + [_unwrap(v, tuple_as_list) for v in value]
     if isinstance(value, (list, tuple)):
-        return type(value)(_unwrap(v) for v in value)
+        return type(value)(_unwrap(v, tuple_as_list) for v in value)
     return value
 
 
-def load_config(source, overrides=()):
-    """A Config from a file path, a dotted module path (`configs.exp1.config`), or a dict."""
-    if isinstance(source, dict):
-        cfg = Config(copy.deepcopy(dict(source)))
-    elif isinstance(source, str):
-        cfg = _load_source(source)
+def load_config(config_or_path, overrides=()):
+    """A Config from a file path, a dotted module path (`configs.exp1.config`), a project folder (the
+    config.json a run saved there), or a dict. A Config comes back as it is (GigaTrain's), unless
+    there are overrides to apply; a plain dict is copied."""
+    if isinstance(config_or_path, Config) and not overrides:
+        return config_or_path
+    if isinstance(config_or_path, dict):
+        cfg = Config(copy.deepcopy(dict(config_or_path)))
+    elif isinstance(config_or_path, str):
+        if os.path.isdir(config_or_path):
+            path = os.path.join(config_or_path, "config.json")
+            if not os.path.isfile(path):
+                raise ConfigError(f"{config_or_path} is a folder without the config.json a run saves")
+            config_or_path = path
+        cfg = _load_source(config_or_path)
     else:
-        raise ConfigError(f"config must be a path, a module path or a dict, not {type(source).__name__}")
+        raise ConfigError(f"config must be a path, a module path or a dict, not {type(config_or_path).__name__}")
     for item in overrides:
         apply_override(cfg, item)
     return cfg

@@ -1,25 +1,76 @@
-"""Exponential moving average of the trainable weights, kept in fp32."""
+"""Exponential moving averages of weights.
+
+EMA: the trainer's, over the trainable parameters in fp32, updated on the device without a host sync.
+EMAModel: GigaTrain's public class (`from giga_train import EMAModel`), over a whole state dict, with
+its decay warmup: decay_t = min((1 + s) / (10 + s), decay) with s = t - update_after_step - 1, which is
+0 at the first update (so that update copies the weights). save_ema averages saved checkpoints."""
+import functools
+import json
+import operator
+from collections import OrderedDict
+
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 
+def warmup_decay(step, decay, min_decay=0.0, update_after_step=0, use_ema_warmup=False, inv_gamma=1.0,
+                 power=2 / 3):
+    """The decay GigaTrain's EMAModel uses at optimization step `step` (counted from 1)."""
+    s = max(0, step - update_after_step - 1)
+    if s <= 0:
+        return 0.0
+    value = 1 - (1 + s / inv_gamma) ** -power if use_ema_warmup else (1 + s) / (10 + s)
+    return max(min(value, decay), min_decay)
+
+
 class EMA:
-    def __init__(self, module, decay):
-        self.decay = decay
+    """The average of `module`'s trainable parameters, kept in fp32 (sharded like them under FSDP2).
+
+    `warmup=False`: a fixed `decay` at every update. `warmup=True`: GigaTrain's schedule
+    min((1 + s) / (10 + s), decay), s = updates so far - 1, so the first update copies the weights;
+    the count of updates lives on the device and a skipped step does not advance it."""
+
+    def __init__(self, module, decay, warmup=False, optimization_step=0):
+        self.decay, self.warmup = decay, warmup
         self.names = [n for n, p in module.named_parameters() if p.requires_grad]
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.shadow = [p.detach().float().clone() for p in self.params]
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self._count = torch.full((), float(optimization_step), dtype=torch.float32, device=device)
+
+    @property
+    def optimization_step(self):
+        """Updates made so far (skipped steps not counted). Reads the device: call it at checkpoints."""
+        return int(self._count.item())
+
+    @optimization_step.setter
+    def optimization_step(self, value):
+        self._count.fill_(float(value))
+
+    @property
+    def config(self):
+        """GigaTrain's ema_config.json content for this average."""
+        return dict(decay=self.decay, min_decay=0.0, optimization_step=self.optimization_step,
+                    update_after_step=0, use_ema_warmup=False, inv_gamma=1.0, power=2 / 3)
 
     @torch.no_grad()
     def update(self, skip=None):
         """`skip`: None, or a 0-dim device tensor that is 1.0 when this step was skipped on the device;
         the update then has weight 0 (a no-op) without the host reading the flag."""
         current = [p.detach().float() if p.dtype != torch.float32 else p.detach() for p in self.params]
-        if skip is None:
-            torch._foreach_lerp_(self.shadow, current, 1.0 - self.decay)
+        live = None if skip is None else (skip <= 0).to(torch.float32)
+        self._count.add_(1.0 if live is None else live)
+        if not self.warmup:
+            if live is None:
+                torch._foreach_lerp_(self.shadow, current, 1.0 - self.decay)
+                return
+            weight = live * (1.0 - self.decay)
         else:
-            weight = torch.where(skip > 0, 0.0, 1.0 - self.decay).to(torch.float32)
-            torch._foreach_lerp_(self.shadow, current, [weight] * len(self.shadow))
+            s = (self._count - 1).clamp(min=0)
+            decay = torch.where(s <= 0, 0.0, torch.clamp((1 + s) / (10 + s), max=self.decay))
+            weight = (1 - decay) if live is None else live * (1 - decay)
+        torch._foreach_lerp_(self.shadow, current, [weight.to(torch.float32)] * len(self.shadow))
 
     def state_dict(self, module):
         """The module's full state with the averaged weights in place of the trained ones."""
@@ -27,9 +78,150 @@ class EMA:
         state.update({n: s for n, s in zip(self.names, self.shadow)})
         return state
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state, optimization_step=None):
+        """Averaged weights from a full state dict (and the update count, when given)."""
         for name, shadow in zip(self.names, self.shadow):
             full = state[name].to(shadow.device)
             if isinstance(shadow, DTensor):  # sharded (FSDP2): keep this rank's shard of the whole tensor
                 full = distribute_tensor(full, shadow.device_mesh, shadow.placements)
             shadow.copy_(full)
+        if optimization_step is not None:
+            self.optimization_step = optimization_step
+
+
+def _is_buffer(name, value):
+    """Entries EMAModel keeps as they are instead of averaging: non-tensors, empty tensors, extra state."""
+    return not isinstance(value, torch.Tensor) or value.numel() == 0 or name.endswith("_extra_state")
+
+
+class EMAModel:
+    """GigaTrain's EMAModel: an average over a whole model state dict (buffers included), each rank
+    keeping a 1/world_size slice of every flattened tensor.
+
+        ema = EMAModel(decay=0.9999, rank=rank, world_size=world_size)
+        ema.load_state_dict(model.state_dict(), device=device)   # start from the weights
+        ema.step(model.state_dict())                            # after each optimizer step
+        averaged = ema.state_dict()                              # gathered onto every rank (CPU)
+
+    decay at update t: warmup_decay(t, ...); with use_ema_warmup, 1 - (1 + s / inv_gamma) ** -power."""
+
+    def __init__(self, decay=0.9999, min_decay=0.0, optimization_step=0, update_after_step=0,
+                 use_ema_warmup=False, inv_gamma=1.0, power=2 / 3, rank=0, world_size=1):
+        if world_size > 1 and (rank != dist.get_rank() or world_size != dist.get_world_size()):
+            raise ValueError(f"EMAModel: rank {rank} / world_size {world_size} differ from the process group's "
+                             f"{dist.get_rank()} / {dist.get_world_size()}")
+        self.decay, self.min_decay = decay, min_decay
+        self.optimization_step, self.update_after_step = optimization_step, update_after_step
+        self.use_ema_warmup, self.inv_gamma, self.power = use_ema_warmup, inv_gamma, power
+        self.rank, self.world_size = rank, world_size
+        self._param_dict, self._shape_dict, self._slice_dict = OrderedDict(), OrderedDict(), OrderedDict()
+        self._buffer_dict = OrderedDict()
+
+    def get_decay(self, optimization_step):
+        return warmup_decay(optimization_step, self.decay, self.min_decay, self.update_after_step,
+                            self.use_ema_warmup, self.inv_gamma, self.power)
+
+    def _local(self, param):
+        """This rank's slice of the flattened tensor, zero-padded to a multiple of world_size."""
+        flat = param.reshape(-1)
+        pad = (self.world_size - flat.numel() % self.world_size) % self.world_size
+        if pad:
+            flat = torch.nn.functional.pad(flat, [0, pad])
+        size = flat.numel() // self.world_size
+        begin = self.rank * size
+        return flat[begin:begin + size], (begin, begin + size)
+
+    @torch.no_grad()
+    def step(self, state_dict):
+        """One update towards `state_dict` (the full weights, the same names as loaded)."""
+        self.optimization_step += 1
+        decay = self.get_decay(self.optimization_step)
+        for name, param in state_dict.items():
+            if _is_buffer(name, param):
+                if name not in self._buffer_dict:
+                    raise KeyError(f"EMAModel.step: '{name}' was not in the state dict it was loaded with")
+                if isinstance(param, torch.Tensor) and param.numel() == 0:
+                    continue
+                self._buffer_dict[name] = param
+                continue
+            shard = self._param_dict[name]
+            local, _ = self._local(param)
+            shard[:] = (shard.float() * decay + local.float() * (1 - decay)).to(shard.dtype)
+
+    def load_state_dict(self, state_dict, device=None, dtype=None):
+        """Start (or restart) the average from `state_dict`: this rank's slices, on `device` in `dtype`."""
+        self._param_dict, self._shape_dict, self._slice_dict = OrderedDict(), OrderedDict(), OrderedDict()
+        for name, param in state_dict.items():
+            if _is_buffer(name, param):
+                self._buffer_dict[name] = param
+                continue
+            self._shape_dict[name] = param.shape
+            local, bounds = self._local(param)
+            local = local.clone()
+            if device is not None:
+                local = local.to(device)
+            if dtype is not None:
+                local = local.to(dtype)
+            self._param_dict[name] = local
+            self._slice_dict[name] = bounds
+
+    def state_dict(self, device=None, dtype=None):
+        """The whole averaged state dict (all-gathered across ranks; on the CPU unless `device`)."""
+        out = OrderedDict()
+        for name, shard in self._param_dict.items():
+            shape = self._shape_dict[name]
+            if self.world_size > 1:
+                pieces = [torch.empty_like(shard) for _ in range(self.world_size)]
+                dist.all_gather(pieces, shard)
+                numel = functools.reduce(operator.mul, shape, 1)
+                param = torch.cat(pieces)[:numel].reshape(shape)
+            else:
+                param = shard.reshape(shape)
+            param = param.to(device) if device is not None else param.cpu()
+            if dtype is not None:
+                param = param.to(dtype)
+            out[name] = param
+        out.update(self._buffer_dict)
+        return out
+
+    @property
+    def config(self):
+        return dict(decay=self.decay, min_decay=self.min_decay, optimization_step=self.optimization_step,
+                    update_after_step=self.update_after_step, use_ema_warmup=self.use_ema_warmup,
+                    inv_gamma=self.inv_gamma, power=self.power)
+
+    @classmethod
+    def from_config(cls, config):
+        """From a config dict or the path of an ema_config.json."""
+        if not isinstance(config, dict):
+            with open(config) as f:
+                config = json.load(f)
+        return cls(**config)
+
+    def save_config(self, save_path):
+        """Write ema_config.json (GigaTrain's checkpoint file beside the `<name>_ema` folders)."""
+        with open(save_path, "w", encoding="utf-8") as f:
+            f.write(json.dumps(self.config, indent=2, sort_keys=True) + "\n")
+
+    def load_config(self, config):
+        if not isinstance(config, dict):
+            with open(config) as f:
+                config = json.load(f)
+        for key, value in config.items():
+            setattr(self, key, value)
+
+
+def save_ema(ckpt_paths, save_path, decay=0.9):
+    """Average saved weights (files or model folders, oldest first) with a fixed `decay`, in fp32,
+    and save the result in the first one's dtype."""
+    from .utils import load_state_dict, save_state_dict
+    average, dtype = None, None
+    for path in ckpt_paths:
+        state = load_state_dict(path)
+        if average is None:
+            dtype = next(iter(state.values())).dtype
+            average = {name: value.float() for name, value in state.items()}
+        else:
+            for name, value in state.items():
+                average[name] = average[name] * decay + value.float() * (1 - decay)
+    save_state_dict({name: value.to(dtype) for name, value in average.items()}, save_path)

@@ -11,3 +11,25 @@ class RegistryError(ValueError):
 
 class TrainingStopped(RuntimeError):
     """A run stopped on purpose, with a one-line reason; the launcher reports it once and never retries."""
+
+
+class CheckpointError(Exception):
+    """A checkpoint (or the project_dir holding them) cannot be used as it is: one line naming the file
+    or folder. Answered with exit 1; raising it changes nothing on disk."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A pickled checkpoint file names a Python object outside the allow-list: it is not loaded."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint file is missing, truncated or does not match the checksum recorded at its save."""
+
+
+class ProjectLockedError(CheckpointError):
+    """Another live run holds the project_dir, or it cannot be written."""
+
+
+class RankFailed(RuntimeError):
+    """A rank of a launched job failed (its own traceback, for an error in the user's code, is above;
+    a collective that timed out is the watchdog's): the launcher's one line."""

@@ -1,4 +1,11 @@
-"""Registries: name -> class, and `build(cfg)` from `dict(type=...)` or `dict(_class_name=...)`."""
+"""Registries: name -> class, built from `dict(type=...)` or `dict(_class_name=...)`.
+
+GigaTrain's forms all work: a Registry is a dict (`R["Name"]`, `"Name" in R`, `R.keys()`),
+`@R.register`, `@R.register("other_name")`, `R.register_module(cls, "name")`, and
+`build_module(R, cfg_or_type, *args, **kwargs)` / `merge_params(cfg_or_type, **kwargs)`.
+Ours on top: `@R.register(name="x")`, dotted import paths as types, and one-line errors with the
+closest registered name."""
+import copy
 import difflib
 import importlib
 import inspect
@@ -6,6 +13,7 @@ import inspect
 from .errors import RegistryError
 
 TYPE_KEYS = ("type", "_class_name")
+_MISSING = object()
 
 
 def did_you_mean(name, choices):
@@ -37,40 +45,72 @@ def import_object(path):
     raise ImportError(f"no module named '{parts[0]}'")
 
 
-class Registry:
-    def __init__(self, name):
-        self.name = name
-        self._entries = {}
+class Registry(dict):
+    """A dict of name -> class (or function) that configs name by `type`.
 
-    def register(self, obj=None, *, name=None, force=False):
-        """`@R.register`, `@R.register(name="x")`, or `R.register(obj, name="x")`."""
+    `Registry("what")` names the registry in error messages; `Registry({...})` (GigaTrain's form)
+    starts it with entries."""
+
+    def __init__(self, name=None, *args, **kwargs):
+        if name is not None and not isinstance(name, str):
+            args, name = (name,) + args, None
+        super().__init__(*args, **kwargs)
+        self.name = name or "registry"
+        self._providers = []  # called once, at the first unknown name, to register more (lazily)
+
+    def add_provider(self, provider):
+        """`provider(registry)` registers entries that are costly to import (another package's); it
+        runs the first time a name is not found."""
+        self._providers.append(provider)
+
+    def _provide(self, key):
+        while key not in self and self._providers:
+            self._providers.pop(0)(self)
+
+    def register(self, module_class=None, name=None, *, force=False):
+        """`@R.register`, `@R.register("x")`, `@R.register(name="x")`, or `R.register(obj, name="x")`.
+
+        A name already taken by another object is an error (unless `force`); registering the same
+        object again under its name is a no-op."""
+        obj = module_class
+        if isinstance(obj, str):  # GigaTrain's @R.register("name")
+            obj, name = None, obj
+
         def add(target):
             key = name or target.__name__
-            if key in self._entries and self._entries[key] is not target and not force:
-                raise RegistryError(f"{self.name}: '{key}' is already registered to {self._entries[key]!r}")
-            self._entries[key] = target
+            if key in self and self[key] is not target and not force:
+                raise RegistryError(f"{self.name}: '{key}' is already registered to {self[key]!r}")
+            dict.__setitem__(self, key, target)
             return target
         return add if obj is None else add(obj)
 
+    def register_module(self, module_class, module_name=None, force=False):
+        """GigaTrain's direct form: register `module_class` (as `module_name`) and return it."""
+        return self.register(module_class, name=module_name, force=force)
+
     def names(self):
-        return sorted(self._entries)
+        return sorted(self)
 
-    def __contains__(self, key):
-        return key in self._entries
+    def get(self, key, default=_MISSING):
+        """A registered name, a dotted import path such as `my_pkg.data.MyDataset`, or the class itself.
 
-    def __len__(self):
-        return len(self._entries)
-
-    def get(self, key):
-        """A registered name, or a dotted import path such as `my_pkg.data.MyDataset`."""
-        if key in self._entries:
-            return self._entries[key]
+        Unknown: a one-line RegistryError naming the closest registered name, or `default` if given."""
+        if isinstance(key, str):
+            self._provide(key)
+        elif callable(key):  # a class or function given directly instead of its name
+            return key
+        if key in self:
+            return self[key]
         if isinstance(key, str) and "." in key:
             try:
                 return import_object(key)
             except ImportError as e:
+                if default is not _MISSING:
+                    return default
                 raise RegistryError(f"{self.name}: cannot import '{key}': {e}") from None
-        raise RegistryError(f"unknown {self.name} '{key}'{did_you_mean(key, self._entries)}"
+        if default is not _MISSING:
+            return default
+        raise RegistryError(f"unknown {self.name} '{key}'{did_you_mean(key, self)}"
                             f" (registered: {', '.join(self.names()) or 'none'})")
 
     def resolve(self, cfg):
@@ -99,6 +139,51 @@ class Registry:
             kwargs.setdefault(k, v)
         return cls(*args, **kwargs)
 
+    def __repr__(self):
+        return f"Registry({self.name!r}: {', '.join(self.names())})"
+
+
+def merge_params(params_or_type, **kwargs):
+    """GigaTrain's merge: a type name or a config dict, plus keyword arguments, as one kwargs dict.
+
+    A name the config and the keywords both give is an error (the config is deep-copied, never changed)."""
+    if isinstance(params_or_type, str):
+        if "type" in kwargs:
+            raise RegistryError(f"type '{params_or_type}' given twice (also type={kwargs['type']!r})")
+        kwargs["type"] = params_or_type
+    elif isinstance(params_or_type, dict):
+        for key, value in copy.deepcopy(dict(params_or_type)).items():
+            if key in kwargs:
+                raise RegistryError(f"'{key}' is given both by the config and by the caller")
+            kwargs[key] = value
+    elif params_or_type is not None:
+        raise RegistryError(f"expected a type name, a config dict or None, not {type(params_or_type).__name__}")
+    return kwargs
+
+
+def pop_type(params):
+    """The type a params dict names (`type`, else `_class_name`), taken out of it; None if none."""
+    found = None
+    for key in TYPE_KEYS:
+        if key in params:
+            value = params.pop(key)
+            found = value if found is None else found
+    return found
+
+
+def build_module(registry, params_or_type, *args, **kwargs):
+    """GigaTrain's builder: `registry[type](*args, **merged)`, or None when no type is named."""
+    params = merge_params(params_or_type, **kwargs)
+    obj_type = pop_type(params)
+    if obj_type is None:
+        return None
+    return registry.get(obj_type)(*args, **params)
+
+
+def build_transform(params_or_type, *args, **kwargs):
+    """GigaTrain's call form: a transform from TRANSFORMS (None when no type is named)."""
+    return build_module(TRANSFORMS, params_or_type, *args, **kwargs)
+
 
 def check_call_arguments(fn, kwargs, supplied=(), what=None):
     try:
@@ -123,5 +208,4 @@ TRANSFORMS = Registry("transform")
 DATASETS = Registry("dataset")
 SAMPLERS = Registry("sampler")
 OPTIMIZERS = Registry("optimizer")
-SCHEDULERS = Registry("scheduler")
 STRATEGIES = Registry("distributed_type")

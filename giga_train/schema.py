@@ -2,13 +2,15 @@
 import numbers
 
 from .blocks import class_name_problem
+from .checks import refuse_nan
 from .compile import check_dynamo_config
 from .config import Config
 from .errors import ConfigError, RegistryError
 from .fp8 import check_fp8_config
+from .registry import (DATASETS, OPTIMIZERS, SAMPLERS, STRATEGIES, TRANSFORMS, TYPE_KEYS, check_call_arguments,
+                       did_you_mean, import_object)
+from .schedulers import SCHEDULERS
 from .schema_accelerate import check_cluster_key, dynamo_from_launch, normalise_deepspeed, normalise_fsdp
-from .registry import (DATASETS, OPTIMIZERS, SAMPLERS, SCHEDULERS, STRATEGIES, TRANSFORMS, TYPE_KEYS,
-                       check_call_arguments, did_you_mean, import_object)
 
 REQUIRED = object()
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
@@ -81,6 +83,7 @@ LAUNCH = dict(
     same_network=Key(None, bool),  # no effect (the machines reach main_process_ip)
     main_training_function=Key(None, str),  # notebook launcher only; no effect
     dynamo_config=Key(None, dict),  # Accelerate's form -> train.dynamo_config when that is unset
+    collective_timeout=Key(None, numbers.Real, min=1),  # seconds (ours): the watchdog of every collective
 )
 CLUSTER_REFUSED = ("downcast_bf16", "tpu_name", "tpu_zone", "tpu_use_cluster", "tpu_use_sudo", "command_file",
                    "commands", "tpu_vm", "tpu_env", "megatron_lm_config", "mpirun_config", "parallelism_config",
@@ -140,7 +143,7 @@ TRAIN = dict(
     logging_dir=Key(None, str),  # None: $AIHC_TENSORBOARD_LOG_PATH if non-empty, else {project_dir}/logs
     # GigaTrain's `kwargs` conventions (read from self.kwargs by its Trainer)
     max_grad_norm=Key(None, numbers.Real, min=0),
-    grad_norm_type=Key(2.0, (numbers.Real, str)),  # 'inf' allowed
+    grad_norm_type=Key(None, (numbers.Real, str)),  # None: 2; 'inf' allowed
     loss_nan_total_limit=Key(None, int),  # NaN steps in a row before the run stops; <= 0: never stop
     resume=Key(False, (bool, str)),
     # ours
@@ -208,8 +211,8 @@ def train_kwargs(section, schema=None):
     schema, plus GigaTrain's kwargs conventions that are set (its Trainer reads them from self.kwargs)."""
     schema = TRAIN if schema is None else schema
     extra = {k: v for k, v in section.items() if k not in schema}
-    if schema is TRAIN:
-        extra.update({k: section[k] for k in GIGATRAIN_KWARGS if section.get(k) is not None})
+    if schema is TRAIN:  # set, as GigaTrain's self.kwargs holds them only when the config gives them
+        extra.update({k: section[k] for k in GIGATRAIN_KWARGS if section.get(k) != TRAIN[k].default})
     return extra
 
 
@@ -274,6 +277,7 @@ def validate_config(cfg):
     cfg["launch"] = Config(launch_in)
     given_train = set(cfg.get("train") or ())
     _fill("", cfg, SECTIONS)
+    refuse_nan(cfg)  # max_grad_norm=nan passes every finiteness guard and writes NaN weights
     runners = [cfg.runners] if isinstance(cfg.runners, str) else list(cfg.runners)
     if isinstance(cfg.runners, str) and "," in cfg.runners:
         runners = [r.strip() for r in cfg.runners.split(",") if r.strip()]  # GigaTrain's --runners a,b form
@@ -478,7 +482,8 @@ def _check_train(train, project_dir, given=()):
         if train.grad_norm_type.strip().lower() not in ("inf", "infinity"):
             raise ConfigError(f"train.grad_norm_type: expected a number or 'inf', got {train.grad_norm_type!r}")
         train.grad_norm_type = float("inf")
-    train.grad_norm_type = float(train.grad_norm_type)
+    if train.grad_norm_type is not None:
+        train.grad_norm_type = float(train.grad_norm_type)
     if train.loss_nan_total_limit is not None:  # GigaTrain's NaN limit: ours counts skipped steps in a row
         limit = train.loss_nan_total_limit if train.loss_nan_total_limit > 0 else None
         if "max_nan_steps" in given and train.max_nan_steps != limit:

@@ -32,17 +32,20 @@ RUNS = ("sync", "async", "async_resumed")
 
 
 class SyncRun(TinyTrainer):
-    def __init__(self, config):
-        super().__init__(_variant(config, "sync"))
+    @classmethod
+    def load(cls, config):
+        return super().load(_variant(config, "sync"))
 
 
 class AsyncRun(TinyTrainer):
     """Each background write waits until the loop has finished the next step (or waits for the write):
     what it writes must still be the state taken at the save."""
 
-    def __init__(self, config):
-        self.waiting = False
-        super().__init__(_variant(config, "async", checkpoint_async=True))
+    waiting = False
+
+    @classmethod
+    def load(cls, config):
+        return super().load(_variant(config, "async", checkpoint_async=True))
 
     def save_checkpoint(self):
         saved, write_model = self.step, type(self.checkpoints).write_model.__get__(self.checkpoints)
@@ -63,9 +66,10 @@ class AsyncRun(TinyTrainer):
 
 
 class AsyncResumed(TinyTrainer):
-    def __init__(self, config):
-        half = os.path.join(config["project_dir"], "async", "models", "checkpoint_epoch_0_step_2")
-        super().__init__(_variant(config, "async_resumed", checkpoint_async=True, resume=half))
+    @classmethod
+    def load(cls, config):
+        half = os.path.join(config["project_dir"], "async", "models", "checkpoint_epoch_1_step_2")
+        return super().load(_variant(config, "async_resumed", checkpoint_async=True, resume=half))
 
 
 def files(folder):
@@ -134,7 +138,7 @@ def test_kill_9_while_an_async_write_is_in_flight_resumes_from_the_previous_chec
     assert run.returncode == -9, run.stderr[-2000:]
     models = tmp_path / "killed" / "models"
     assert [s for s, _ in list_checkpoints(str(models))] == [2]  # 4 was in flight: never renamed into place
-    assert (models / ".tmp_checkpoint_epoch_0_step_4" / "optimizer_dcp").is_dir()
+    assert (models / ".tmp_checkpoint_epoch_1_step_4" / "optimizer_dcp").is_dir()
     resumed = launch_from_config(cfg)
     assert resumed.losses == reference.losses[2 * 2:]
     for folder in ("model", "model_ema"):
@@ -161,11 +165,11 @@ def test_a_writer_error_surfaces_at_the_next_wait_point_as_one_line(tmp_path):
                       runner=f"{__name__}.FailingWriterTrainer")
     with pytest.raises(RuntimeError) as error:
         launch_from_config(cfg)
-    newest = str(tmp_path / "models" / "checkpoint_epoch_0_step_2")
+    newest = str(tmp_path / "models" / "checkpoint_epoch_1_step_2")
     assert str(error.value) == ("checkpoint at step 4: writing it in the background failed: RuntimeError: the storage"
                                 f" went away; the newest complete checkpoint is {newest}")
     assert "the storage went away" in str(error.value.__cause__)  # the writer's own traceback comes along
-    assert "step 5 | loss" in (tmp_path / "logs" / "train.log").read_text(), "the loop went on meanwhile"
+    assert "step 5 | total_loss" in (tmp_path / "logs" / "train.log").read_text(), "the loop went on meanwhile"
     assert [s for s, _ in list_checkpoints(str(tmp_path / "models"))] == [2]
     assert not [n for n in os.listdir(tmp_path / "models") if n.startswith(".")]
 

@@ -9,9 +9,10 @@ import pytest
 import torch
 import yaml
 
-from giga_train import ConfigError, load_config
+from giga_train import load_config
 from giga_train.cli import main
 from giga_train.config import parse_value
+from giga_train.errors import ConfigError
 from tests.tiny import tiny_config
 
 
@@ -155,4 +156,29 @@ def test_console_script_and_module_entry_points(tmp_path):
     assert script_path, "the giga-train console script is not installed"
     script = subprocess.run([script_path, "train", bad_path], capture_output=True, text=True)
     assert script.returncode == 2 and script.stderr.count("\n") == 1 and "fp17" in script.stderr
-    assert ConfigError.__name__ == "ConfigError"
+    # the console script is this package's cli: its one line names the key and the value, with a suggestion
+    assert script.stderr.startswith("giga-train: error: train.mixed_precision: 'fp17' is not one of"), script.stderr
+    assert "did you mean 'fp16'?" in script.stderr and ok.stdout.startswith(f"{path}: ok (tests.tiny.TinyTrainer)")
+
+
+def test_gigatrain_config_semantics(tmp_path):
+    from giga_train import Config
+    cfg = Config(dict(train=dict(max_steps=10, opt=dict(lr=1, betas=(0.9, 0.99))), models=dict(dim=4)))
+    assert cfg.update(dict(train=dict(max_steps=20)), models=dict(depth=2)) is cfg
+    assert cfg.train.max_steps == 20 and cfg.train.opt.lr == 1 and cfg.models == dict(dim=4, depth=2)
+    cfg.update(models=dict(__force__=True, depth=3))  # GigaTrain's marker: replace the section
+    assert cfg.models == dict(depth=3)
+    assert cfg.pop("absent") is None and cfg.pop("absent", 5) == 5
+    deep = cfg.copy()
+    deep.train.opt.lr = 2
+    assert cfg.train.opt.lr == 1 and isinstance(deep, Config)
+    assert cfg.to_dict(tuple_as_list=True)["train"]["opt"]["betas"] == ["__tuple__", 0.9, 0.99]
+    cfg.save(str(tmp_path / "run" / "config.json"))
+    again = load_config(str(tmp_path / "run"))  # a project folder: the config.json a run saved
+    assert again == cfg and again.train.opt.betas == (0.9, 0.99)
+    assert Config.load(str(tmp_path / "run" / "config.json")) == cfg
+    (tmp_path / "extra.json").write_text(json.dumps(dict(train=dict(seed=1))))
+    assert cfg.copy().merge_from_file(str(tmp_path / "extra.json")).train == dict(max_steps=20, opt=cfg.train.opt, seed=1)
+    assert load_config(cfg) is cfg and str(cfg).startswith("Config:\n")
+    with pytest.raises(ConfigError, match="without the config.json"):
+        load_config(str(tmp_path))

@@ -16,7 +16,7 @@ VARIANTS = {"plain": {}, "accum2_ckpt": dict(gradient_accumulation_steps=2, acti
 def test_ddp_equals_one_process(tmp_path, tmp_path_factory, variant):
     train = VARIANTS[variant]
     result = launch_from_config(job(tmp_path, "DDP", ranks=2, **train))
-    assert result["step"] == 4 and result["metrics"]["loss"] > 0
+    assert result["step"] == 4 and result["metrics"]["total_loss"] > 0
     assert_same_weights(final_weights(tmp_path), reference(tmp_path_factory, CACHE, **train))
 
 

@@ -13,7 +13,7 @@ def run(project, steps):
 def test_demo_trains_reports_and_resumes(tmp_path):
     first = run(tmp_path, 20)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert f"checkpoint: {tmp_path}/models/checkpoint_epoch_0_step_20" in first.stderr
+    assert f"checkpoint: {tmp_path}/models/checkpoint_epoch_1_step_20" in first.stderr
     assert f"tensorboard --logdir {tmp_path}/logs" in first.stderr and "final loss" in first.stderr
     second = run(tmp_path, 30)
     assert second.returncode == 0, second.stderr[-3000:]

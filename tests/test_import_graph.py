@@ -10,9 +10,11 @@ ROOT = os.path.dirname(giga_train.__file__)
 # Lowest first. A module belongs to the longest prefix listed; it may import its own layer and lower ones.
 LAYERS = [
     ["errors"],
-    ["config", "registry", "module_dict", "precision", "blocks", "utils"],
+    ["config", "registry", "module_dict", "precision", "blocks", "utils", "ssh", "checks"],
     # distributed.deepspeed_config: a pure config resolver (the schema checks DeepSpeed JSON with it)
-    ["schema", "schema_accelerate", "compile", "fp8", "ema", "schedulers", "optimizers", "data", "tracking", "distributed.deepspeed_config"],
+    ["schema", "schema_accelerate", "compile", "fp8", "ema", "schedulers", "optimizers", "data", "tracking",
+     "distributed.deepspeed_config",
+     "strategies"],  # giga_train.strategies: GigaTrain's import paths for EMAModel & co.
     ["checkpoint"],
     ["distributed"],
     ["trainers"],

@@ -14,17 +14,17 @@ def test_tensorboard_scalars_and_text_log(tmp_path, capsys):
     events = EventAccumulator(str(tmp_path / "logs"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert tags == {f"train/{n}" for n in ("loss", "lm", "aux", "lr", "grad_norm", "step_time", "samples_per_sec",
+    assert tags == {f"train/{n}" for n in ("total_loss", "lm", "aux", "lr", "grad_norm", "step_time", "samples_per_sec",
                                                       "nan_skipped")}
     assert [e.value for e in events.Scalars("train/nan_skipped")] == [0, 0, 0]  # the NaN guard's count
-    assert [e.step for e in events.Scalars("train/loss")] == [4, 8, 12]
+    assert [e.step for e in events.Scalars("train/total_loss")] == [4, 8, 12]
     lm = [e.value for e in events.Scalars("train/lm")]
     assert abs(lm[-1] - sum(trainer.losses[-4:]) / 4) < 1e-5  # the mean over the interval
     assert events.Scalars("train/samples_per_sec")[0].value > 0
     text = (tmp_path / "logs" / "train.log").read_text()
     assert "step 12 | aux" in text and "saved" in text and "done at step 12, final loss" in text
     err = capsys.readouterr().err
-    assert str(tmp_path / "models" / "checkpoint_epoch_0_step_12") in err and "tensorboard --logdir" in err
+    assert str(tmp_path / "models" / "checkpoint_epoch_1_step_12") in err and "tensorboard --logdir" in err
 
 
 def test_resumed_run_appends_to_the_same_logs(tmp_path):
@@ -35,5 +35,5 @@ def test_resumed_run_appends_to_the_same_logs(tmp_path):
     launch_from_config(cfg)
     events = EventAccumulator(str(tmp_path / "logs"))
     events.Reload()
-    assert [e.step for e in events.Scalars("train/loss")] == [4, 8, 12]
+    assert [e.step for e in events.Scalars("train/total_loss")] == [4, 8, 12]
     assert len([f for f in os.listdir(tmp_path / "logs") if f.startswith("events")]) == 2

@@ -57,7 +57,7 @@ def test_skip_equals_a_run_without_those_batches(tmp_path, monkeypatch):
     assert nan_run.scheduler.last_epoch == dropped.scheduler.last_epoch == 6
     text = (tmp_path / "nan" / "logs" / "train.log").read_text()
     assert "step 3: non-finite loss and grad_norm; skipped the update (1 in a row" in text
-    assert "step 4 | loss nan" not in text and "nan_skipped 1" in text
+    assert "step 4 | total_loss nan" not in text and "nan_skipped 1" in text
 
 
 @pytest.mark.parametrize("optimizer", [None, DEVICE_SKIP["FusedAdam"][0]], ids=["host", "device"])
@@ -65,7 +65,7 @@ def test_stop_policy_and_max_nan_steps_stop_without_saving(tmp_path, monkeypatch
     monkeypatch.setenv("GT_NAN", "5")
     cfg = config(tmp_path / "stop", "NanTrainer", optimizer, checkpoint_interval=2, nan_policy="stop")
     with pytest.raises(TrainingStopped, match=r"^step 5: non-finite loss and grad_norm \(train.nan_policy='stop'\);"
-                       r" stopped, nothing saved; newest good checkpoint: .*checkpoint_epoch_0_step_4$"):
+                       r" stopped, nothing saved; newest good checkpoint: .*checkpoint_epoch_1_step_4$"):
         launch_from_config(cfg)
     assert [s for s, _ in list_checkpoints(str(tmp_path / "stop" / "models"))] == [2, 4]
     assert not [n for n in os.listdir(tmp_path / "stop" / "models") if n.startswith(".tmp")]
@@ -241,7 +241,7 @@ def test_device_skip_equals_the_host_skip(tmp_path, monkeypatch, name):
     assert "step 6: non-finite grad_norm; skipped the update (1 in a row, train.max_nan_steps=10)" in lines
     window = [line for line in lines if line.startswith("step 4 |")]  # steps 3 and 4: both skipped, no loss
     assert window and window[0].startswith("step 4 | grad_norm nan | lr") and window[0].endswith("nan_skipped 2")
-    assert [line for line in lines if line.startswith("step 6 |")][0].startswith("step 6 | loss ")
+    assert [line for line in lines if line.startswith("step 6 |")][0].startswith("step 6 | total_loss ")
     assert_equal(weights(tmp_path / "device", 5), weights(tmp_path / "host", 5))
 
 
@@ -270,14 +270,14 @@ def test_device_skip_settled_late_still_stops_before_saving(tmp_path, monkeypatc
     monkeypatch.setenv("GT_NAN", "5")  # settled lazily two steps later, at step 7: the stop names both
     cfg = config(tmp_path / "stop", "NanTrainer", optimizer, checkpoint_interval=4, log_interval=10, nan_policy="stop")
     with pytest.raises(TrainingStopped, match=r"^step 5: non-finite loss and grad_norm \(train.nan_policy='stop'\);"
-                       r" stopped at step 7, nothing saved; newest good checkpoint: .*checkpoint_epoch_0_step_4$"):
+                       r" stopped at step 7, nothing saved; newest good checkpoint: .*checkpoint_epoch_1_step_4$"):
         launch_from_config(cfg)
     assert [s for s, _ in list_checkpoints(str(tmp_path / "stop" / "models"))] == [4]
 
     monkeypatch.setenv("GT_NAN", "3,4,5,6")  # the checkpoint at 6 settles step 5 first: the third in a row
     cfg = config(tmp_path / "row", "NanTrainer", optimizer, checkpoint_interval=2, log_interval=10, max_nan_steps=3)
     with pytest.raises(TrainingStopped, match=r"^step 5: .* for 3 steps in a row \(train.max_nan_steps=3\); stopped at"
-                       r" step 6, nothing saved; newest good checkpoint: .*checkpoint_epoch_0_step_4$"):
+                       r" step 6, nothing saved; newest good checkpoint: .*checkpoint_epoch_1_step_4$"):
         launch_from_config(cfg)
     assert [s for s, _ in list_checkpoints(str(tmp_path / "row" / "models"))] == [2, 4]
     assert all(torch.isfinite(v).all() for v in weights(tmp_path / "row", 4).values())
@@ -307,6 +307,6 @@ def test_two_ranks_device_skip_one_sees_nan_both_skip(tmp_path, monkeypatch, str
               log_interval=10, nan_policy="stop")
     cfg.update(runners=["tests.tiny.LateSettleNanTrainer"], optimizers=dict(optimizer, lr=3e-3, weight_decay=0.01))
     with pytest.raises(TrainingStopped, match=r"^step 3: non-finite loss and grad_norm \(train.nan_policy='stop'\);"
-                       r" stopped, nothing saved; newest good checkpoint: .*checkpoint_epoch_0_step_2$"):
+                       r" stopped, nothing saved; newest good checkpoint: .*checkpoint_epoch_1_step_2$"):
         launch_from_config(cfg)
     assert [s for s, _ in list_checkpoints(str(tmp_path / "stop" / "models"))] == [2]

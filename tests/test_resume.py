@@ -80,7 +80,7 @@ def test_kill_9_then_resume_equals_uninterrupted(tmp_path, uninterrupted, kill):
     newest_step = list_checkpoints(str(models))[-1][0]
     assert newest_step == {"step:15": 10, "save:20": 10, "step:31": 30}[kill]
     if kill.startswith("save"):
-        assert (models / ".tmp_checkpoint_epoch_0_step_20" / "model").is_dir()  # the half-written one
+        assert (models / ".tmp_checkpoint_epoch_1_step_20" / "model").is_dir()  # the half-written one
     resumed = launch_from_config(cfg)
     assert resumed.losses == losses[newest_step * 2:]
     _, weights2, ema2 = final_weights(str(tmp_path))
@@ -94,9 +94,9 @@ def test_total_limit_keeps_and_metadata(tmp_path):
     launch_from_config(cfg)
     steps = [s for s, _ in list_checkpoints(str(tmp_path / "models"))]
     assert steps == [10, 25, 30]
-    meta = read_meta(str(tmp_path / "models" / "checkpoint_epoch_0_step_30"))
+    meta = read_meta(str(tmp_path / "models" / "checkpoint_epoch_1_step_30"))
     assert meta["step"] == 30 and meta["samples_seen"] == 30 * 8 and meta["world_size"] == 1
-    folder = tmp_path / "models" / "checkpoint_epoch_0_step_30"
+    folder = tmp_path / "models" / "checkpoint_epoch_1_step_30"
     assert sorted(os.listdir(folder)) == ["meta.json", "model", "optimizer_dcp", "precision.pt",
                                           "random_states_0.pt", "training_state.pt"]
     assert os.listdir(folder / "model") == ["model.safetensors"]
@@ -108,7 +108,7 @@ def test_total_limit_keeps_and_metadata(tmp_path):
 def test_resume_from_a_named_checkpoint_and_pickle_weights(tmp_path):
     cfg = tiny_config(tmp_path, max_steps=10, checkpoint_interval=5, checkpoint_safe_serialization=False)
     launch_from_config(cfg)
-    folder = tmp_path / "models" / "checkpoint_epoch_0_step_5"
+    folder = tmp_path / "models" / "checkpoint_epoch_1_step_5"
     assert os.listdir(folder / "model") == ["model.bin"]
     cfg["train"].update(resume=str(folder), max_steps=12)
     trainer = launch_from_config(cfg)

@@ -109,7 +109,7 @@ def config(project, optimizer):
 @pytest.mark.parametrize("optimizer", [dict(type="AdamW", fused=True), dict(type="FusedAdam")],
                          ids=["AdamW-fused", "FusedAdam"])
 def test_no_sync_between_log_lines_and_checkpoints(tmp_path, monkeypatch, optimizer):
-    trainer = SyncFreeTrainer(config(tmp_path, optimizer))
+    trainer = SyncFreeTrainer.load(config(tmp_path, optimizer))
     waits, wait = [], torch.cuda.Event.synchronize
 
     def counted_wait(event):  # not a sync in sync-debug's sense, but the guard must not wait lazily either

@@ -21,7 +21,11 @@ def test_both_paths_run_with_equal_losses_and_the_json_has_the_fields(tmp_path, 
         assert r["tokens_per_s"] > 0 and r["finite"] and len(r["losses"]) == 4
     # fp32 on CPU, same seed, same batches, same ops: the two loops agree to rounding (rtol 1e-6).
     assert rows["giga"]["losses"] == pytest.approx(rows["hand"]["losses"], rel=1e-6)
-    assert rows["giga"]["loss_max_rel_diff"] <= 1e-6 and rows["giga"]["ours_over_hand"] > 0
+    assert rows["giga"]["loss_max_rel_diff"] <= 1e-6
+    # the ratio of the two rows of this run (not another row's, not step times), in a band a tiny CPU run
+    # on shared cores stays in: an order of magnitude off means the pairing or the timing is wrong
+    ratio = rows["giga"]["tokens_per_s"] / rows["hand"]["tokens_per_s"]
+    assert rows["giga"]["ours_over_hand"] == pytest.approx(ratio, rel=1e-9) and 0.25 < ratio < 4, rows
     assert rows["giga"]["losses"][0] != rows["giga"]["losses"][-1], "the optimizer must have stepped"
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("| tiny | 2 | no | eager | adamw | hand-written |"), last

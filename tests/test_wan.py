@@ -99,7 +99,11 @@ def test_missing_weights_folder_is_one_line_exit_2_and_nothing_written(tmp_path)
 
 
 def test_missing_pretrained_transformer_is_one_line_exit_2(tmp_path, capsys):
-    rc = cli(["train", TINY, "--set", f"project_dir={tmp_path}", "--set", f"models.pretrained={tmp_path}/none"])
+    data = tmp_path / "data"  # the data is built first (GigaTrain's order: get_dataloaders, then get_models)
+    assert build_dataset.main(["--synthetic", "2", "--out", str(data), "--latent-shape", "4,1,8,8",
+                               "--text-shape", "16,32"]) == 0
+    rc = cli(["train", TINY, "--set", f"project_dir={tmp_path}", "--set", f"models.pretrained={tmp_path}/none",
+              "--set", f"dataloaders.train.data_or_config.root={data}"])
     err = capsys.readouterr().err
     assert rc == 2 and "models.pretrained: no local diffusers folder" in err
     assert not (tmp_path / "models").exists()

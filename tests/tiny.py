@@ -146,8 +146,8 @@ class BatchDroppingTrainer(TinyTrainer):
         drop = {int(s) for s in os.environ.get("GT_NAN", "").split(",") if s}
         self.drawn = getattr(self, "drawn", self.step)
         while self.drawn + 1 in drop:
-            for _ in range(self.accumulation):
-                next(self.data)
+            for _ in range(self.gradient_accumulation_steps):
+                next(self._stream)
             self.drawn += 1
         self.drawn += 1
         return super().train_step()
@@ -205,10 +205,21 @@ def late_flags(steps):
 class LateSettleNanTrainer(NanTrainer):
     """NanTrainer whose device flags settle late on one rank: GT_SETTLE_LATE="RANK:STEPS"."""
 
-    def __init__(self, config):
+    def __init__(self, project_dir, **train):
         import os
         from giga_train.trainers import nan_guard
         rank, _, steps = os.environ.get("GT_SETTLE_LATE", ":").partition(":")
-        super().__init__(config)
+        super().__init__(project_dir, **train)
         if rank and int(rank) == self.rank:
             nan_guard.StepFlags = late_flags(int(steps))
+
+
+class SplitOptimizerTrainer(TinyTrainer):
+    """The seeds' advice, written as a GigaTrain project writes it: CAME8Bit for the matrices, FusedAdam for
+    the rest (an override of get_optimizers returning two optimizers)."""
+
+    def get_optimizers(self, optimizers):
+        from giga_train.optimizers import CAME8Bit
+        matrices = [p for p in self.model.parameters() if p.ndim == 2]
+        others = [p for p in self.model.parameters() if p.ndim != 2]
+        return [CAME8Bit(matrices, lr=1e-3, weight_decay=0.01), FusedAdam(others, lr=3e-3)]

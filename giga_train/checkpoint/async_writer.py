@@ -26,7 +26,7 @@ class AsyncWriter:
         self.checkpointer = checkpointer
         self.rank, self.is_main = checkpointer.env.rank, checkpointer.env.is_main
         # A collective: every rank creates it here, at start-up, on the training thread.
-        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self.group = dist.new_group(backend="gloo", timeout=checkpointer.env.timeout) if dist.is_initialized() else None
         self._thread = self._outcome = None
 
     @property
@@ -63,12 +63,12 @@ class AsyncWriter:
                 write, state = taken.pop(0)  # frees each host copy once written
                 try:
                     write(state)
-                except Exception as e:  # still run the other writes: write_state is a collective
+                except BaseException as e:  # still run the other writes: write_state is a collective
                     error = error or e
             failures = self._gather(error)
             if not failures and self.is_main:
                 try:
-                    final = checkpointer.folders.commit(tmp, meta)
+                    final = checkpointer.commit(tmp, meta)
                     log.info("saved %s (%.2f s in the loop, %.1f s written in the background)", final,
                              written - start, time.perf_counter() - written)
                 except Exception as e:

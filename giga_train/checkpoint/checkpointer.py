@@ -5,6 +5,7 @@ main rank), `model_ema/` with EMA, the engine's optimizer state (`optimizer_dcp/
 `deepspeed/`), `random_states_R.pt` per rank, `training_state.pt` (the trainer's state_dict: scheduler,
 data position, step) and, written last, `meta.json`. The strategy takes and writes its own state; all the
 rest (folders, files, order, errors) is here, so the trainer calls save/resume in one line each."""
+import json
 import logging
 import os
 import shutil
@@ -12,16 +13,17 @@ import time
 
 import torch
 
-from ..errors import ConfigError, TrainingStopped
+from ..errors import TrainingStopped
 from ..module_dict import ModuleDict
 from .async_writer import AsyncWriter
-from .manager import CheckpointManager, disk_error, free_bytes, is_complete, read_meta
+from .manager import CheckpointManager, disk_error, free_bytes, list_checkpoints, read_meta
 from .portable import deepspeed_meta, read_dcp, read_deepspeed
 from .snapshot import host_copy
 from .state import load_weights, rng_state, save_weights, set_rng_state
 
 log = logging.getLogger("giga_train")
-MODEL, MODEL_EMA, TRAINING_STATE = "model", "model_ema", "training_state.pt"
+MODEL, MODEL_EMA, TRAINING_STATE, EMA_CONFIG = "model", "model_ema", "training_state.pt", "ema_config.json"
+ENGINE_STATE = ("optimizer_dcp", "precision.pt", "deepspeed")  # what train.checkpoint_save_optimizer=False drops
 
 
 class Checkpointer:
@@ -29,6 +31,7 @@ class Checkpointer:
         """`train`: the train config (checkpoint_* keys); `ema`: the EMA whose weights go into model_ema/."""
         self.strategy, self.env, self.model_dir, self.ema = strategy, strategy.env, model_dir, ema
         self.safe, self.strict = train.checkpoint_safe_serialization, train.checkpoint_strict
+        self.keep_old_optimizer_state = train.get("checkpoint_save_optimizer", True)
         self.folders = CheckpointManager(model_dir, train.checkpoint_total_limit, train.checkpoint_keeps)
         self.async_writer = None
         if train.checkpoint_async and strategy.state_snapshot_detached:
@@ -72,13 +75,27 @@ class Checkpointer:
                     write(take())
                 self.strategy.barrier()
                 if self.env.is_main:
-                    log.info("saved %s (%.1f s)", self.folders.commit(tmp, meta), time.perf_counter() - start)
+                    log.info("saved %s (%.1f s)", self.commit(tmp, meta), time.perf_counter() - start)
                 self.strategy.barrier()
-        except Exception as e:
+        except BaseException as e:  # torch's CheckpointException is a BaseException
             disk = disk_error(e)
             if disk is None:
                 raise
             raise self.stopped_by_full_disk(step, tmp, disk) from None
+
+    def commit(self, tmp, meta):
+        """Put the written folder `tmp` in place (main rank), apply the rolling limit and, with
+        train.checkpoint_save_optimizer=False, drop the engine state of every older checkpoint."""
+        final = self.folders.commit(tmp, meta)
+        if not self.keep_old_optimizer_state:
+            for _, path in list_checkpoints(self.model_dir)[:-1]:
+                for name in ENGINE_STATE:
+                    target = os.path.join(path, name)
+                    if os.path.isdir(target):
+                        shutil.rmtree(target)
+                    elif os.path.exists(target):
+                        os.remove(target)
+        return final
 
     def wait(self, raise_errors=True):
         """Return once no checkpoint is being written in the background."""
@@ -95,6 +112,8 @@ class Checkpointer:
         if self.ema is not None:
             parts.append((lambda: self.model_snapshot(self.ema.state_dict(strategy.unwrap()), copy=copy),
                           lambda state: self.write_model(join(tmp, MODEL_EMA), state)))
+            if self.env.is_main:  # GigaTrain's ema_config.json: the decay and the updates made so far
+                parts.append((lambda: dict(self.ema.config), lambda config: _write_json(join(tmp, EMA_CONFIG), config)))
         parts.append((lambda: strategy.state_snapshot(copy=copy),
                       lambda state: strategy.write_state(tmp, state, process_group)))
         rng_file = join(tmp, f"random_states_{self.env.rank}.pt")
@@ -132,20 +151,9 @@ class Checkpointer:
 
     # -- resume ---------------------------------------------------------------------------------
     def resume_path(self, resume):
-        """The folder `train.resume` names (True: the newest complete one), or None to start afresh. An
-        elastic restart resumes from the newest checkpoint whatever the config says."""
-        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
-            resume = resume or True
-        if not resume:
-            return None
-        if resume is True:
-            path = self.latest()
-            if path is None:
-                log.info("resume: no checkpoint in %s yet; starting from step 0", self.model_dir)
-            return path
-        if not is_complete(resume):
-            raise ConfigError(f"train.resume: {resume} is not a complete checkpoint folder")
-        return resume
+        """The folder `resume` names (True: the newest complete and verified one), or None to start afresh;
+        checksums verified, the run's lineage noted for rotation."""
+        return self.folders.resume_path(resume, self.env)
 
     def load(self, path, load_training_state):
         """Restore every rank from checkpoint `path`, written by any strategy at any world size:
@@ -153,17 +161,27 @@ class Checkpointer:
         self.wait()
         strategy, members = self.strategy, self._members()
         strategy.load_model_state(load_weights(os.path.join(path, MODEL), members=members), self.strict)
-        if not strategy.load_state(path):  # another engine's form: read it whole
+        if not any(os.path.exists(os.path.join(path, name)) for name in ENGINE_STATE):
+            log.warning("resume: %s holds no optimizer state (train.checkpoint_save_optimizer=False dropped it);"
+                        " the optimizer starts afresh", path)
+        elif not strategy.load_state(path):  # another engine's form: read it whole
             strategy.load_full_state(*read_full_state(path, *strategy.optimizer_layout()))
         load_training_state(torch.load(os.path.join(path, TRAINING_STATE), map_location="cpu", weights_only=True))
         if self.ema is not None:
-            self.ema.load_state_dict(load_weights(os.path.join(path, MODEL_EMA), members=members))
+            config = os.path.join(path, EMA_CONFIG)
+            step = json.load(open(config))["optimization_step"] if os.path.isfile(config) else None
+            self.ema.load_state_dict(load_weights(os.path.join(path, MODEL_EMA), members=members), step)
         rng_file = os.path.join(path, f"random_states_{self.env.rank}.pt")
         if os.path.isfile(rng_file):
             set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))
 
     def _members(self):
         return isinstance(self.strategy.unwrap(), ModuleDict)
+
+
+def _write_json(path, value):
+    with open(path, "w") as f:
+        json.dump(value, f, indent=2)
 
 
 def read_full_state(folder, names, param_groups):

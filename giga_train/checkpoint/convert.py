@@ -11,18 +11,19 @@ import os
 
 import torch
 
+from ..errors import ConfigError
 from .manager import is_complete
 from .state import load_weights, save_weights
 
 
 def convert(checkpoint, to, out=None):
     if not is_complete(checkpoint):
-        raise ValueError(f"{checkpoint}: not a complete checkpoint folder (no meta.json)")
+        raise ConfigError(f"{checkpoint}: not a complete checkpoint folder (no meta.json)")
     if to not in ("full", "dcp"):
-        raise ValueError(f"--to: '{to}' is not one of full, dcp")
+        raise ConfigError(f"--to: '{to}' is not one of full, dcp")
     out = out or os.path.normpath(checkpoint) + f"_{to}"
     if os.path.exists(out):
-        raise ValueError(f"--out: {out} exists; give another folder (nothing is overwritten)")
+        raise ConfigError(f"--out: {out} exists; give another folder (nothing is overwritten)")
     weights, optimizer = read_state(checkpoint)
     tmp = out + ".tmp"
     os.makedirs(tmp)

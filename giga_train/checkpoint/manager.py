@@ -5,14 +5,21 @@ hidden temporary name and renamed at the end. Deletions rename first too, so a h
 never looks like a checkpoint."""
 import errno
 import json
+import logging
 import os
 import re
 import shutil
+import time
+import uuid
+
+from ..errors import ConfigError, CorruptCheckpointError
 
 NAME = re.compile(r"^checkpoint_epoch_(\d+)_step_(\d+)$")
 META = "meta.json"
 TMP_PREFIX = ".tmp_"
 TRASH_PREFIX = ".trash_"
+FINITE_KEY = "giga_train_finite"  # in save_weights' safetensors metadata: "true" / "false"
+log = logging.getLogger("giga_train")
 
 
 def checkpoint_name(epoch, step):
@@ -20,21 +27,13 @@ def checkpoint_name(epoch, step):
 
 
 def is_complete(path):
-    return NAME.match(os.path.basename(os.path.normpath(path))) is not None and os.path.isfile(
-        os.path.join(path, META))
+    """A checkpoint folder's name, and a meta.json that reads as a JSON object (written last)."""
+    return NAME.match(os.path.basename(os.path.normpath(path))) is not None and _meta_or_none(path) is not None
 
 
 def list_checkpoints(models_dir):
-    """Complete checkpoints as (step, path), oldest first."""
-    if not os.path.isdir(models_dir):
-        return []
-    found = []
-    for name in os.listdir(models_dir):
-        match = NAME.match(name)
-        path = os.path.join(models_dir, name)
-        if match and is_complete(path):
-            found.append((int(match.group(2)), path))
-    return sorted(found)
+    """Complete checkpoints as (step, path), oldest step first."""
+    return sorted((step, path) for _, step, path, _ in _complete(models_dir))
 
 
 def read_meta(path):
@@ -42,13 +41,77 @@ def read_meta(path):
         return json.load(f)
 
 
+def _meta_or_none(path):
+    """meta.json as a dict, or None when it is missing or not one (garbage, truncated, a list...)."""
+    try:
+        meta = read_meta(path)
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _complete(models_dir):
+    """(write order key, step, path, meta) of each complete checkpoint, in write order (oldest first):
+    the time its save recorded, else (older checkpoints) its meta.json's modification time."""
+    if not os.path.isdir(models_dir):
+        return []
+    found = []
+    for name in os.listdir(models_dir):
+        match = NAME.match(name)
+        path = os.path.join(models_dir, name)
+        meta = _meta_or_none(path) if match else None
+        if meta is None:
+            continue
+        saved_at = meta.get("saved_at")
+        if not isinstance(saved_at, (int, float)):
+            saved_at = os.path.getmtime(os.path.join(path, META))
+        found.append((saved_at, int(match.group(2)), path, meta))
+    return sorted(found, key=lambda item: (item[0], item[1]))
+
+
+def save_id(path, meta):
+    """What identifies a save: its recorded id, else (checkpoints written before ids) its folder name."""
+    recorded = meta.get("save_id") if isinstance(meta, dict) else None
+    return recorded if isinstance(recorded, str) else "name:" + os.path.basename(os.path.normpath(path))
+
+
+def weights_finite(folder):
+    """Whether the weights in `folder` (save_weights' safetensors) were all finite when saved: True,
+    False, or None when unknown (pickled .bin files, or files written before this was recorded)."""
+    from safetensors import safe_open
+    found = None
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(folder, name), "pt") as f:
+                value = (f.metadata() or {}).get(FINITE_KEY)
+            if value is None:
+                return None
+            found = (found is not False) and value == "true"
+    return found
+
+
 class CheckpointManager:
+    """Writes, finds and rotates the checkpoints of one run in `models_dir`.
+
+    Rotation goes by write order and by lineage: a run deletes only checkpoints of its own history (the
+    ones it wrote, the one it resumed from and that one's ancestors, linked through meta.json's
+    `parent`), never one that another run wrote (say, newer checkpoints of a branch that an older resume
+    abandoned), and never the newest of its history whose weights are finite. `latest()` is the newest
+    complete checkpoint by write order."""
+
     def __init__(self, models_dir, total_limit=None, keeps=()):
         self.models_dir, self.total_limit, self.keeps = models_dir, total_limit, set(keeps)
+        self.parent = None  # the save_id this run's next checkpoint descends from
 
     def latest(self):
-        found = list_checkpoints(self.models_dir)
-        return found[-1][1] if found else None
+        found = _complete(self.models_dir)
+        return found[-1][2] if found else None
+
+    def note_resumed(self, path):
+        """This run continues from checkpoint `path`: its saves descend from it (rotation may delete
+        it and its ancestors, as the run's own history)."""
+        meta = _meta_or_none(path)
+        self.parent = save_id(path, meta) if meta is not None else None
 
     def tmp_path(self, epoch, step):
         """Where checkpoint (epoch, step) is written before it is renamed into place."""
@@ -64,28 +127,103 @@ class CheckpointManager:
         return tmp
 
     def commit(self, tmp, meta):
-        """Write meta.json last, make it durable, rename into place, then apply the rolling limit."""
+        """Record the files' checksums, the weights' finiteness, the write time and the lineage in
+        meta.json (written last), make it durable, rename into place, then apply the rolling limit."""
+        from .checksums import folder_checksums
+        meta = dict(meta, saved_at=time.time(), save_id=uuid.uuid4().hex, parent=self.parent,
+                    finite=weights_finite(os.path.join(tmp, "model")), files=folder_checksums(tmp))
         with open(os.path.join(tmp, META), "w") as f:
             json.dump(meta, f, indent=2, default=repr)  # a Dataset object in the config: its repr
         _fsync_tree(tmp)
         final = os.path.join(self.models_dir, os.path.basename(tmp)[len(TMP_PREFIX):])
-        if os.path.exists(final):  # the same step saved again (e.g. a resumed run): replace it whole
-            self._delete(final)
+        if os.path.exists(final):  # the same step saved again: replace it if it is this run's history
+            if save_id(final, _meta_or_none(final)) in self._history():
+                self._delete(final)
+            else:
+                aside = self._set_aside(final)
+                log.warning("%s was written by another run (not this run's history): kept as %s", final, aside)
         os.rename(tmp, final)
         _fsync_dir(self.models_dir)
+        self.parent = meta["save_id"]
+        if meta["finite"] is False:
+            log.warning("%s holds non-finite weights (NaN/inf); the newest finite checkpoint is kept", final)
         self.rotate()
         return final
 
+    def _history(self):
+        """save_ids of this run's history: its newest save (or the checkpoint it resumed) and the
+        ancestors reachable through `parent`, newest first, as {save_id: (step, path, finite)}."""
+        by_id = {save_id(path, meta): (step, path, meta) for _, step, path, meta in _complete(self.models_dir)}
+        history, current = {}, self.parent
+        while current in by_id and current not in history:
+            step, path, meta = by_id[current]
+            history[current] = (step, path, meta.get("finite"))
+            current = meta.get("parent")
+        return history
+
     def rotate(self):
-        """Keep the newest `total_limit` rolling checkpoints; `keeps` steps are extra, never deleted."""
+        """Keep the newest `total_limit` rolling checkpoints of this run's history; `keeps` steps are
+        extra, never deleted; nor is the newest one whose weights are finite (or not known to be not)."""
         if self.total_limit is None:
             return
-        found = list_checkpoints(self.models_dir)
-        rolling = [(s, p) for s, p in found if s not in self.keeps]
-        newest = found[-1][1] if found else None
-        for _, path in rolling[:max(len(rolling) - self.total_limit, 0)]:
-            if path != newest:
+        history = list(self._history().values())  # newest first
+        finite = next((path for _, path, ok in history if ok is not False), None)
+        rolling = [path for step, path, _ in history if step not in self.keeps]
+        for path in rolling[self.total_limit:]:
+            if path != finite and (not history or path != history[0][1]):
                 self._delete(path)
+
+    def resume_path(self, resume, env=None):
+        """The checkpoint to resume from, verified against the checksums recorded at its save, or None.
+
+        resume=True: the newest complete checkpoint by write order whose files are intact; a damaged one
+        is passed over with one warning line naming the file. A path: that checkpoint, or
+        CorruptCheckpointError naming the damaged file (ConfigError when it is no checkpoint folder).
+        Checkpoints without recorded checksums are taken as they are. With `env` (several ranks): the main rank decides, every rank gets the same answer (or error).
+        The result also becomes this run's parent (note_resumed)."""
+        decided = error = None
+        if env is None or env.is_main:
+            try:
+                decided = self._choose(resume)
+            except (ConfigError, CorruptCheckpointError) as e:
+                error = (type(e).__name__, str(e))
+        if env is not None and env.world_size > 1:
+            import torch.distributed as dist
+            if dist.is_initialized():
+                shared = [decided, error]
+                dist.broadcast_object_list(shared, src=0, group=getattr(env, "cpu_group", None))
+                decided, error = shared
+        if error is not None:
+            raise (ConfigError if error[0] == "ConfigError" else CorruptCheckpointError)(error[1])
+        if decided is not None:
+            self.note_resumed(decided)
+        return decided
+
+    def _choose(self, resume):
+        if not resume:
+            return None
+        if resume is not True:
+            if not is_complete(resume):  # bad input (exit 2), as before checksums
+                raise ConfigError(f"train.resume: {resume} is not a complete checkpoint folder")
+            bad = verify(resume)
+            if bad is not None:
+                raise CorruptCheckpointError(f"train.resume: {bad}; nothing was loaded", resume)
+            return resume
+        for _, _, path, _ in reversed(_complete(self.models_dir)):
+            bad = verify(path)
+            if bad is None:
+                return path
+            log.warning("resume: passing over %s: %s; trying the checkpoint before it", path, bad)
+        log.info("resume: no (intact) checkpoint in %s; starting from step 0", self.models_dir)
+        return None
+
+    def _set_aside(self, path):
+        """Rename a checkpoint another run wrote out of the way (a name no listing matches): kept."""
+        n = 0
+        while os.path.exists(f"{path}.superseded_{n}"):
+            n += 1
+        os.rename(path, f"{path}.superseded_{n}")
+        return f"{path}.superseded_{n}"
 
     def _delete(self, path):
         trash = os.path.join(self.models_dir, TRASH_PREFIX + os.path.basename(path))
@@ -94,11 +232,27 @@ class CheckpointManager:
         shutil.rmtree(trash, ignore_errors=True)
 
     def _sweep(self):
-        """Remove what an interrupted write or delete left behind."""
+        """Remove what an interrupted write or delete left behind (the project lock keeps other runs out)."""
         for name in os.listdir(self.models_dir):
             if name.startswith((TMP_PREFIX, TRASH_PREFIX)):
                 shutil.rmtree(os.path.join(self.models_dir, name), ignore_errors=True)
 
+
+def verify(path):
+    """None when every file that checkpoint `path`'s meta.json lists is there with its recorded size
+    and checksum (or it lists none: written before checksums); else one line naming the file."""
+    from .checksums import first_mismatch
+    meta = _meta_or_none(path)
+    if meta is None:
+        return f"{os.path.join(path, META)}: missing or unreadable"
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        return None
+    try:
+        bad = first_mismatch(path, files)
+    except (TypeError, ValueError):
+        return f"{os.path.join(path, META)}: its file list is damaged"
+    return None if bad is None else f"{os.path.join(path, bad[0])}: {bad[1]}"
 
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 OS_ERROR_IN_TEXT = re.compile(r"os error (\d+)")
@@ -115,11 +269,17 @@ def disk_error(exc):
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
             return e
-        code = OS_ERROR_IN_TEXT.search(str(e))  # safetensors' Rust I/O errors carry only the text
+        try:
+            text = str(e)
+        except Exception:  # e.g. a CheckpointException whose failures are not the pairs its __str__ expects
+            text = ""
+        code = OS_ERROR_IN_TEXT.search(text)  # safetensors' Rust I/O errors carry only the text
         if code and int(code.group(1)) in DISK_ERRNOS:
             return OSError(int(code.group(1)), os.strerror(int(code.group(1))))
         todo += [e.__cause__, e.__context__]
-        todo += [f for f in getattr(e, "failures", {}).values() if isinstance(f, BaseException)]
+        for failure in (getattr(e, "failures", None) or {}).values():  # torch 2.13: (exception, traceback)
+            todo += [f for f in (failure if isinstance(failure, (tuple, list)) else (failure,))
+                     if isinstance(f, BaseException)]
         todo += [a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]
     return None
 

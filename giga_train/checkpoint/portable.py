@@ -16,6 +16,8 @@ import tempfile
 
 import torch
 
+from .safe_unpickle import SafeFileSystemReader, load_metadata, safe_torch_loads, torch_load
+
 log = logging.getLogger("giga_train")
 DEEPSPEED_DIR, DEEPSPEED_TAG, DEEPSPEED_META = "deepspeed", "state", "giga_meta.json"
 
@@ -23,7 +25,9 @@ DEEPSPEED_DIR, DEEPSPEED_TAG, DEEPSPEED_META = "deepspeed", "state", "giga_meta.
 def read_dcp(folder):
     """The whole optimizer state that a NO/DDP/FSDP rank set wrote to `folder/optimizer_dcp`."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-    return _load_state_dict_from_keys(checkpoint_id=os.path.join(folder, "optimizer_dcp"))["optimizer"]
+    source = os.path.join(folder, "optimizer_dcp")
+    load_metadata(os.path.join(source, ".metadata"))  # refused here in one line, before DCP wraps it
+    return _load_state_dict_from_keys(storage_reader=SafeFileSystemReader(source))["optimizer"]
 
 
 def deepspeed_meta(folder):
@@ -48,6 +52,11 @@ def read_deepspeed(folder, names, param_groups):
     state_dir = os.path.join(folder, DEEPSPEED_DIR, DEEPSPEED_TAG)
     if not glob.glob(os.path.join(state_dir, "*optim_states.pt")):
         return _read_unpartitioned(state_dir, names, param_groups)
+    from ..optimizers.came_zero import read_state_pieces
+    came = read_state_pieces(state_dir, names)  # CAME8Bit keeps its own pieces (no universal form)
+    if came is not None:
+        groups = _groups_by_name(param_groups, _saved_inner_state(state_dir)["param_groups"], names)
+        return None, dict(state=came, param_groups=groups)
     work = tempfile.mkdtemp(prefix="giga_universal_")
     try:
         _to_universal(state_dir, work)
@@ -59,8 +68,11 @@ def read_deepspeed(folder, names, param_groups):
 def deepspeed_parameters(folder):
     """(names with shapes in the optimizer's order, one {"params": [...]} per group) from DeepSpeed's own
     files, for reading its state without the model (giga-train convert)."""
-    saved = torch.load(os.path.join(folder, DEEPSPEED_DIR, DEEPSPEED_TAG, "mp_rank_00_model_states.pt"),
-                       map_location="cpu", weights_only=False)
+    state_dir = os.path.join(folder, DEEPSPEED_DIR, DEEPSPEED_TAG)
+    found = sorted(glob.glob(os.path.join(state_dir, "*mp_rank_00_model_states.pt")))  # ZeRO-3: zero_pp_rank_N_...
+    if not found:
+        raise FileNotFoundError(f"{state_dir}: no DeepSpeed model states file (*mp_rank_00_model_states.pt)")
+    saved = torch_load(found[0])
     groups = saved.get("param_shapes")
     if not groups:  # ZeRO-0 in fp32: the module's own order, without buffers and tied duplicates
         skip = set(saved.get("buffer_names") or ()) | set(saved.get("shared_params") or ())
@@ -77,17 +89,22 @@ def _groups_by_name(ours, saved, names):
 
 
 def _read_unpartitioned(state_dir, names, param_groups):
-    """ZeRO-0 in fp32: the engine saved the torch optimizer's own (index-keyed) state dict."""
-    saved = torch.load(os.path.join(state_dir, "mp_rank_00_model_states.pt"), map_location="cpu",
-                       weights_only=False)
-    optim = saved["optimizer"]
+    """ZeRO-0: the engine saved the torch optimizer's own (index-keyed) state dict; in bf16/fp16 inside
+    DeepSpeed's wrapper, with the fp32 master weights beside it (then also returned, else None)."""
+    saved = torch_load(os.path.join(state_dir, "mp_rank_00_model_states.pt"))
+    optim, weights = saved["optimizer"], None
+    if "optimizer_state_dict" in optim:  # bf16/fp16: {"optimizer_state_dict", "fp32_groups", loss scale...}
+        masters = [t for group in optim.get("fp32_groups") or [] for t in group]
+        if len(masters) == len(names):
+            weights = {name: t.detach().float().reshape(shape).clone() for (name, shape), t in zip(names, masters)}
+        optim = optim["optimizer_state_dict"]
     index_to_name = {}
     order = iter(names)
     for group in optim["param_groups"]:
         for index in group["params"]:
             index_to_name[index] = next(order)[0]
     state = {index_to_name[i]: s for i, s in optim["state"].items()}
-    return None, dict(state=state, param_groups=_groups_by_name(param_groups, optim["param_groups"], names))
+    return weights, dict(state=state, param_groups=_groups_by_name(param_groups, optim["param_groups"], names))
 
 
 def _to_universal(state_dir, out):
@@ -98,11 +115,12 @@ def _to_universal(state_dir, out):
     args = argparse.Namespace(input_folder=state_dir, output_folder=out, num_extract_workers=1,
                               num_merge_workers=1, keep_temp_folder=False, strict=True,
                               inject_missing_state=False)
-    ds_to_universal(args)
+    with safe_torch_loads():  # its torch.load(weights_only=False) calls go through the allow-list
+        ds_to_universal(args)
 
 
 def _load_piece(path, shape):
-    value = torch.load(path, map_location="cpu", weights_only=False)
+    value = torch_load(path)
     value = value["param"] if isinstance(value, dict) else value  # stages 1-2 wrap it; stage 3 is flat
     return value.detach().float().reshape(shape).clone()
 
@@ -111,7 +129,7 @@ def _saved_inner_state(state_dir):
     """Rank 0's inner torch-optimizer state dict: its step count and its groups' hyperparameters
     (the lr the scheduler last set), which the universal form does not carry."""
     path = sorted(glob.glob(os.path.join(state_dir, "*rank_0_*optim_states.pt")))[0]
-    saved = torch.load(path, map_location="cpu", weights_only=False)["optimizer_state_dict"]
+    saved = torch_load(path)["optimizer_state_dict"]
     return saved.get("base_optimizer_state") or saved["optimizer_state_dict"]  # stages 1-2, stage 3
 
 

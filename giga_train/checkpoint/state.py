@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 WEIGHTS_SAFE, WEIGHTS_PICKLE = ".safetensors", ".bin"
+FINITE_KEY = "giga_train_finite"
 
 
 def save_weights(folder, state_dict, members=None, safe=True):
@@ -22,7 +23,9 @@ def save_weights(folder, state_dict, members=None, safe=True):
         group = _unshared({k: v.detach().cpu().contiguous() for k, v in group.items()})
         if safe:
             from safetensors.torch import save_file
-            save_file(group, os.path.join(folder, name + WEIGHTS_SAFE), metadata={"format": "pt"})
+            finite = all(bool(torch.isfinite(v).all()) for v in group.values() if v.is_floating_point())
+            metadata = {"format": "pt", FINITE_KEY: "true" if finite else "false"}  # for rotation (manager)
+            save_file(group, os.path.join(folder, name + WEIGHTS_SAFE), metadata=metadata)
         else:
             torch.save(group, os.path.join(folder, name + WEIGHTS_PICKLE))
 

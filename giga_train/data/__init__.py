@@ -1,4 +1,4 @@
-from .loader import DataStream, build_dataset
+from .loader import DataStream, LoaderStream, as_stream, build_dataset
 from .samplers import DefaultSampler
 
-__all__ = ["DataStream", "DefaultSampler", "build_dataset"]
+__all__ = ["DataStream", "DefaultSampler", "LoaderStream", "as_stream", "build_dataset"]

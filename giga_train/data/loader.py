@@ -66,15 +66,20 @@ def build_dataset(data_or_config):
 class DataStream:
     """Micro-batches on the device. Position = (epoch, batches consumed in that epoch)."""
 
-    def __init__(self, cfg, seed, rank, world_size, device):
+    def __init__(self, cfg, seed, rank, world_size, device, accumulation=1):
+        """`seed` seeds the workers' sample RNGs; the sampler has its own (`sampler.seed`, GigaTrain's
+        6666 by default), and is given GigaTrain's `batch_size`: the global batch of one optimizer step
+        (batch_size_per_gpu * world_size * accumulation), which DefaultSampler pads each epoch to."""
         self.dataset = build_dataset(cfg.data_or_config)
         transform = TRANSFORMS.build(cfg.transform) if cfg.transform else None
         sampler_cfg = dict(cfg.sampler or dict(type="DefaultSampler"))
         cls, kwargs = SAMPLERS.resolve(sampler_cfg)
-        extras = dict(dataset=self.dataset, batch_size=cfg.batch_size_per_gpu, seed=seed, rank=rank,
-                      world_size=world_size)
+        extras = dict(dataset=self.dataset, batch_size=cfg.batch_size_per_gpu * world_size * accumulation,
+                      batch_size_per_gpu=cfg.batch_size_per_gpu, rank=rank, world_size=world_size)
         kwargs = {**_accepted(cls, extras), **kwargs}
         self.sampler = cls(**kwargs)
+        if isinstance(self.sampler, DefaultSampler):
+            self.sampler.infinite = False  # this stream moves from epoch to epoch itself
         self.seed, self.device = seed, device
         self.batch_size, self.world_size = cfg.batch_size_per_gpu, world_size
         self._tagged = _EpochTagged(self.sampler)
@@ -172,3 +177,53 @@ def to_device(batch, device):
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(v, device) for v in batch)
     return batch
+
+
+class LoaderStream:
+    """Any iterable loader (a get_dataloaders override returning a torch DataLoader) as an endless stream
+    of micro-batches on the device. Position = (epoch, batches consumed in it). Such a loader cannot say
+    where it is, so a resume replays its epoch up to there (GigaTrain's skip of the consumed batches):
+    exact when its order depends only on the epoch (a sampler with set_epoch, or none shuffled)."""
+
+    def __init__(self, loader, device):
+        self.loader, self.device = loader, device
+        self.epoch, self.batch_in_epoch = 0, 0
+        self._iter = None
+
+    def __len__(self):
+        return len(self.loader)
+
+    def state_dict(self):
+        return dict(epoch=self.epoch, batch_in_epoch=self.batch_in_epoch)
+
+    def load_state_dict(self, state):
+        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
+        self._iter = None
+        if self.batch_in_epoch:
+            log.info("resume: the data loader cannot be positioned; replaying %d batches of epoch %d",
+                     self.batch_in_epoch, self.epoch)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._iter is None:
+            samplers = (getattr(self.loader, "sampler", None), getattr(self.loader, "batch_sampler", None))
+            for holder in (self.loader, *samplers):
+                if hasattr(holder, "set_epoch"):
+                    holder.set_epoch(self.epoch)
+            self._iter = iter(self.loader)
+            for _ in range(self.batch_in_epoch):
+                next(self._iter)
+        try:
+            batch = next(self._iter)
+        except StopIteration:
+            self.epoch, self.batch_in_epoch, self._iter = self.epoch + 1, 0, None
+            return next(self)
+        self.batch_in_epoch += 1
+        return to_device(batch, self.device)
+
+
+def as_stream(loader, device):
+    """The stream the training loop reads: our DataStream as it is, any other loader through LoaderStream."""
+    return loader if isinstance(loader, DataStream) else LoaderStream(loader, device)

@@ -1,57 +1,148 @@
-"""DefaultSampler: a seeded global order, cut so that the ranks' batches together make the global batch."""
-import torch
+"""Samplers: DefaultSampler (GigaTrain's order, cut per rank, resumable), ParallelBatchSampler, build_sampler."""
+import math
+
+import numpy as np
 from torch.utils.data import Sampler
 
-from ..registry import SAMPLERS
+from ..registry import SAMPLERS, build_module
 
 
 @SAMPLERS.register
 class DefaultSampler(Sampler):
-    """Yields this rank's sample indices for one epoch.
+    """GigaTrain's DefaultSampler (giga_datasets): the same indices in the same order for the same seed.
 
-    Global batch g holds order[g*B*W : (g+1)*B*W]; rank r takes the r-th slice of B. So one process
-    with batch B*W sees exactly the union of W ranks' batches of B, step for step. The position is
-    counted in global samples, which is what makes resuming exact (and possible at another world size).
-    `drop_last=False` wraps the order around to fill the last global batch.
+    Epoch e is a permutation of the data drawn by NumPy's legacy generator seeded with `seed + e`
+    (`arange` without shuffle), padded up to a multiple of `batch_size` with the start of further
+    permutations from that generator, so samples repeat within an epoch as with torch's
+    DistributedSampler. `batch_size` is the padding unit: GigaTrain passes the global batch
+    (batch_size_per_gpu * processes * gradient_accumulation_steps). `infinite`: run into the next
+    epoch after one ends (each pass advances `epoch`), as GigaTrain does; False: one epoch per pass.
+
+    Ours on top (with the defaults it is GigaTrain's sampler):
+    - rank / world_size / batch_size_per_gpu: each rank yields its share of the order, laid out as
+      GigaTrain's ranks get it from Accelerate (the BatchSampler's batches of batch_size_per_gpu dealt
+      round-robin to the ranks): micro-batch m of rank r holds order[(m*W + r)*B : (m*W + r + 1)*B].
+      One process with a batch of B*W sees the union of W ranks' batches, step for step.
+    - set_epoch(epoch, start_sample): start that epoch after `start_sample` global samples (resume).
+    - drop_last: cut the epoch down to whole multiples of `batch_size` instead of padding.
+    The order is drawn from a generator of its own: NumPy's global RNG is left untouched.
     """
 
-    def __init__(self, dataset, batch_size=1, shuffle=True, seed=0, rank=0, world_size=1, drop_last=False):
-        self.size = len(dataset)
-        if self.size == 0:
+    def __init__(self, dataset, batch_size=None, shuffle=True, infinite=True, seed=6666, rank=0, world_size=1,
+                 batch_size_per_gpu=None, drop_last=False):
+        self.data_size = len(dataset)
+        if self.data_size == 0:
             raise ValueError("the dataset is empty")
-        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
+        self.shuffle, self.infinite, self.seed = shuffle, infinite, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
+        self.batch_size = batch_size
+        unit = batch_size or 1
+        per_rank = batch_size_per_gpu or max(unit // world_size, 1)
+        self.batch_size_per_gpu = per_rank
+        if drop_last:
+            self.total_size = self.data_size // unit * unit
+            if self.total_size == 0:
+                raise ValueError(f"drop_last with batch_size {unit} leaves nothing of {self.data_size} samples")
+        else:
+            self.total_size = int(math.ceil(self.data_size / unit)) * unit
+        if world_size > 1 and self.total_size % (per_rank * world_size):
+            raise ValueError(f"batch_size {batch_size} is not a multiple of batch_size_per_gpu {per_rank} x "
+                             f"world_size {world_size}")
         self.epoch = 0
         self.start_sample = 0  # global samples of this epoch already consumed
 
     @property
     def global_batch(self):
-        return self.batch_size * self.world_size
+        """Samples one micro-step takes from the order, all ranks together."""
+        return self.batch_size_per_gpu * self.world_size
 
     @property
     def num_batches(self):
-        """Global batches (= this rank's batches) in one epoch."""
-        full, rest = divmod(self.size, self.global_batch)
-        return full if self.drop_last or rest == 0 else full + 1
+        """Micro-batches of each rank in one epoch."""
+        return int(math.ceil(self.total_size / self.global_batch))
 
     def set_epoch(self, epoch, start_sample=0):
         self.epoch, self.start_sample = epoch, start_sample
 
-    def _order(self):
-        if not self.shuffle:
-            order = torch.arange(self.size)
-        else:
-            g = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.size, generator=g)
-        total = self.num_batches * self.global_batch
-        if total > self.size:
-            order = order.repeat((total + self.size - 1) // self.size)
-        return order[:total]
+    def epoch_order(self, epoch):
+        """The whole order of `epoch` (all ranks), as GigaTrain's sampler yields it."""
+        rng = np.random.RandomState(self.seed + epoch)  # what np.random.seed(seed + epoch) sets up
+        parts, count = [], 0
+        while count < self.total_size:
+            part = rng.permutation(self.data_size) if self.shuffle else np.arange(self.data_size)
+            part = part[:self.total_size - count]
+            parts.append(part)
+            count += len(part)
+        return np.concatenate(parts).astype(np.int64)
+
+    def _rank_order(self):
+        order = self.epoch_order(self.epoch)
+        first = self.start_sample // self.global_batch * self.global_batch
+        if self.world_size == 1:
+            return order[first:]
+        order = order.reshape(-1, self.world_size, self.batch_size_per_gpu)
+        return order[first // self.global_batch:, self.rank].reshape(-1)
 
     def __iter__(self):
-        order = self._order().view(self.num_batches, self.world_size, self.batch_size)
-        first = self.start_sample // self.global_batch
-        return iter(order[first:, self.rank].reshape(-1).tolist())
+        while True:
+            order = self._rank_order()
+            self.epoch, self.start_sample = self.epoch + 1, 0
+            yield from order.tolist()
+            if not self.infinite:
+                return
 
     def __len__(self):
-        return (self.num_batches - self.start_sample // self.global_batch) * self.batch_size
+        """Indices of one pass of this rank (the rest of the epoch after a set_epoch(start_sample))."""
+        if self.world_size == 1:
+            return self.total_size - self.start_sample // self.global_batch * self.global_batch
+        return (self.num_batches - self.start_sample // self.global_batch) * self.batch_size_per_gpu
+
+
+@SAMPLERS.register
+class ParallelBatchSampler(Sampler):
+    """GigaTrain's: each batch of `batch_sampler` yielded `data_parallel_size` times in a row, for
+    model replicas inside one process."""
+
+    def __init__(self, batch_sampler, data_parallel_size):
+        self.batch_sampler = batch_sampler
+        self.data_parallel_size = data_parallel_size
+        self.batch_size = getattr(batch_sampler, "batch_size", None)
+        self.drop_last = getattr(batch_sampler, "drop_last", False)
+
+    def set_epoch(self, epoch):
+        if hasattr(self.batch_sampler, "set_epoch"):
+            self.batch_sampler.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.batch_sampler) * self.data_parallel_size
+
+    def __iter__(self):
+        for batch in self.batch_sampler:
+            for _ in range(self.data_parallel_size):
+                yield batch
+
+
+def _giga_datasets_samplers(registry):
+    """GigaTrain registers giga_datasets' samplers when that package is installed; so do we, the
+    first time a config names a sampler we do not have (DefaultSampler stays ours: the same order,
+    cut per rank)."""
+    try:
+        import giga_datasets
+    except ImportError:
+        return
+    for name in ("AspectRatioSampler", "BucketBatchSampler", "BucketSampler", "SpecialDatasetSampler"):
+        if hasattr(giga_datasets, name) and name not in registry:
+            registry.register(getattr(giga_datasets, name), name=name)
+
+
+SAMPLERS.add_provider(_giga_datasets_samplers)
+
+
+def build_sampler(params_or_type, *args, **kwargs):
+    """GigaTrain's call form: `build_sampler(cfg_or_type, dataset=..., batch_size=...)`; None without a type."""
+    return build_module(SAMPLERS, params_or_type, *args, **kwargs)
+
+
+__all__ = ["DefaultSampler", "ParallelBatchSampler", "build_sampler"]

@@ -1,4 +1,5 @@
 """Where this process runs: its rank, the world size, its device. Read from torchrun's or SLURM's env."""
+import datetime
 import os
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ class Environment:
     world_size: int = 1
     device: torch.device = torch.device("cpu")
     cpu_group: object = None  # a gloo group for host-side agreement when the default backend is NCCL
+    timeout: object = None  # the collectives' timeout (a timedelta; the watchdog), for groups made later
 
     @property
     def is_main(self):
@@ -32,6 +34,22 @@ class Environment:
             dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.cpu_group)
             flags = [bool(v) for v in value.tolist()]
         return tuple(flags) if more else flags[0]
+
+
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600  # NCCL's own default in torch; gloo's is 30 minutes
+TIMEOUT_VARIABLE = "GIGA_TRAIN_COLLECTIVE_TIMEOUT"
+
+
+def collective_timeout(launch=None):
+    """How long a collective may wait for the other ranks before it fails (the watchdog: a stuck or
+    stopped rank turns into an error on the healthy ranks, which then stop; the launcher reports it in
+    one line and the checkpoints on disk stay as they are). `launch.collective_timeout` (seconds) when
+    the config has it, else $GIGA_TRAIN_COLLECTIVE_TIMEOUT, else 10 minutes. Keep it above the longest
+    legitimate wait: a checkpoint save of the whole model on the main rank, a slow rank's first compile."""
+    value = getattr(launch, "collective_timeout", None)
+    if value is None and os.environ.get(TIMEOUT_VARIABLE, "").strip():
+        value = float(os.environ[TIMEOUT_VARIABLE])
+    return datetime.timedelta(seconds=float(value if value is not None else DEFAULT_COLLECTIVE_TIMEOUT_S))
 
 
 def _env_int(*names, default=0):
@@ -74,7 +92,7 @@ def init_process_group(env, launch=None):
     """Join the job's process group (a one-rank group on a free port when this is the only process)."""
     import torch.distributed as dist
     if dist.is_initialized():
-        _add_cpu_group(env)  # a group someone else made (e.g. the user, with NCCL)
+        _add_cpu_group(env, launch)  # a group someone else made (e.g. the user, with NCCL)
         return
     if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
         import socket
@@ -92,12 +110,15 @@ def init_process_group(env, launch=None):
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size,
                               is_master=not agent_store and env.rank == 0)
         extra["store"] = dist.PrefixStore(f"giga_train/attempt_{restart}", store)
-    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, **extra)
-    _add_cpu_group(env)
+    env.timeout = collective_timeout(launch)
+    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=env.timeout, **extra)
+    _add_cpu_group(env, launch)
 
 
-def _add_cpu_group(env):
+def _add_cpu_group(env, launch=None):
     """Env.agree_any needs gloo: the default group when it is gloo, else one gloo group beside it."""
     import torch.distributed as dist
+    env.timeout = env.timeout or collective_timeout(launch)
     if env.cpu_group is None and env.world_size > 1 and dist.get_backend() != "gloo":
-        env.cpu_group = dist.new_group(backend="gloo")  # a collective: every rank creates it here
+        # a collective: every rank creates it here
+        env.cpu_group = dist.new_group(backend="gloo", timeout=env.timeout)

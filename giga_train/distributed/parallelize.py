@@ -1,10 +1,13 @@
-"""parallelize: the model transformations, once, in the order that works: fp8 -> activation checkpointing
+"""parallelize: the model transformations, once, in the order that works: activation checkpointing -> fp8
 -> compile -> shard (the strategy's setup, which also builds the optimizer).
 
 The block classes that checkpointing and compile need are resolved first, on the user's model (blocks.py
-parses every key that names classes; FSDP resolves its wrap classes from its own config the same way). Float8 Linears must exist before anything wraps their forward or compiles it;
-checkpointing wraps each block's forward before compile traces it; compile works in place, so the
-sharding wrappers applied last (fully_shard, DDP, DeepSpeed) see the same module tree and parameter names."""
+parses every key that names classes; FSDP resolves its wrap classes from its own config the same way).
+Checkpointing and fp8 come before compile, which traces what they made; compile works in place, so the
+sharding wrappers applied last (fully_shard, DDP, DeepSpeed) see the same module tree and parameter names.
+Checkpointing comes before fp8 as GigaTrain calls its hooks (apply_activation_checkpointing, apply_fp8):
+it wraps a block's forward, which looks its Linears up when it runs, so the float8 ones swapped in after
+it are the ones it runs."""
 from dataclasses import dataclass
 
 from ..blocks import parse_class_names, require_classes
@@ -31,14 +34,20 @@ def plan_blocks(model, train, fsdp_config):
     return BlockPlan(checkpointed, compiled)
 
 
-def parallelize(model, strategy, train, fsdp_config, make_optimizer):
+def parallelize(model, strategy, train, fsdp_config, make_optimizer, checkpoint=None, float8=None):
     """Transform `model` as the train config says and hand it to `strategy`; returns (model, optimizer).
-    `make_optimizer(module)` builds the optimizer over the module the engine steps."""
+    `make_optimizer(module)` builds the optimizer over the module the engine steps. `checkpoint(model)` and
+    `float8(model)` replace the default activation checkpointing and fp8 conversion (the Trainer's hooks,
+    which a project may override)."""
     plan = plan_blocks(model, train, fsdp_config)
-    if train.mixed_precision == "fp8":
-        convert_to_float8(model, train.fp8_config, fsdp2=strategy.gathers_float8_weights())
-    if plan.checkpointed:
+    if checkpoint is not None:
+        checkpoint(model)
+    elif plan.checkpointed:
         apply_activation_checkpointing(model, plan.checkpointed)
+    if float8 is not None:
+        float8(model)
+    elif train.mixed_precision == "fp8":
+        convert_to_float8(model, train.fp8_config, fsdp2=strategy.gathers_float8_weights())
     if plan.compiled is not None:
         compile_model(model, train.dynamo_config, plan.compiled)
     model, optimizer = strategy.setup(model, make_optimizer)  # FSDP shards its wrap classes (blocks.py)

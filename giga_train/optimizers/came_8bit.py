@@ -5,8 +5,15 @@ convs; the first moment of those with more than `min_8bit_size` elements is kept
 of a signed square-root map (kernels/qmap.py) in blocks of `block_size` consecutive elements, each
 with an fp32 absmax.
 Other tensors keep fp32 state. On CUDA the step is a few fused Triton launches with no host sync
-(kernels/came_bucket.py); elsewhere, and for DTensor (FSDP2) shards, it is vectorised torch
-(kernels/came_torch.py) computing the same function, with whole-tensor statistics under sharding.
+(kernels/came_bucket.py); elsewhere it is vectorised torch (kernels/came_torch.py) computing the
+same function. Under sharding the statistics are the whole tensor's:
+- FSDP2 (DTensor dim-0 shards): on CUDA the same kernels on the local rows with three bucketed
+  all-reduces over the shard group (came_bucket.ShardedFactoredBucket); the torch path elsewhere
+  and for 1-D shards.
+- DeepSpeed ZeRO-1/2/3 and its bf16 wrappers (flat 1-D partitions): after deepspeed.initialize the
+  strategy calls bind_deepspeed; whole weights inside a partition are stepped as in one process
+  (views, kernels on CUDA), weights cut across ranks in torch with three bucketed all-reduces
+  (came_zero.py). State is ~1 byte/param per rank divided by the partition count.
 """
 import torch
 
@@ -14,10 +21,14 @@ from ..registry import OPTIMIZERS
 from .kernels import came_torch, use_kernels
 from .kernels.state_io import load_state_keep_dtypes
 
-ZERO_FLAT_ERROR = ("CAME8Bit needs the original 2-D weight shapes, but DeepSpeed ZeRO (stages 1-3) and "
-                   "its bf16/fp16 wrappers hand the optimizer flat 1-D partitions, so the row/column "
-                   "factors would be lost: use distributed_type='FSDP' (fsdp_version=2) to shard, or "
-                   "'MULTI_GPU' (DDP), or ZeRO stage 0 in fp32")
+ZERO_FLAT_ERROR = ("CAME8Bit got flat 1-D partitions it was not told the layout of (a DeepSpeed engine "
+                   "set up without calling optimizer.bind_deepspeed(engine.optimizer, "
+                   "model.named_parameters()) after deepspeed.initialize), so the row/column factors "
+                   "would be lost")
+
+
+def factored_rows(shape):
+    return came_torch.factored_view_shape(shape)[0]
 
 
 def _is_fsdp1_flat_param(p):
@@ -48,7 +59,7 @@ class CAME8Bit(torch.optim.Optimizer):
             raise ValueError(f"CAME8Bit: eps must be a pair (eps1, eps2), got {eps}")
         if int(block_size) < 1:
             raise ValueError(f"CAME8Bit: block_size must be >= 1, got {block_size}")
-        self._registered = set()
+        self._registered, self._registered_vectors = set(), set()
         self._saw_factored = False
         defaults = dict(lr=lr, betas=tuple(betas), eps=tuple(eps), clip_threshold=clip_threshold,
                         weight_decay=weight_decay)
@@ -56,14 +67,40 @@ class CAME8Bit(torch.optim.Optimizer):
         self.backend = "auto"
         self._state_version = 0
         self._buckets = {}
+        self._zero = {}  # id(flat partition) -> came_zero.FlatLayout, under DeepSpeed
+        self._views = {}
         super().__init__(params, defaults)
 
     @classmethod
     def check_zero_compatible(cls, stage, dtype=torch.float32):
-        """For the DeepSpeed strategy: raise the one-line error unless `stage` keeps parameter shapes
-        (stage 0 in fp32; DeepSpeed's bf16/fp16 optimizers and ZeRO 1-3 all flatten)."""
-        if int(stage) != 0 or dtype in (torch.bfloat16, torch.float16):
-            raise ValueError(f"{ZERO_FLAT_ERROR} (got ZeRO stage {stage}, {dtype})")
+        """For the DeepSpeed strategy: every ZeRO stage and precision works (came_zero.py), given
+        bind_deepspeed after deepspeed.initialize."""
+
+    def bind_deepspeed(self, engine_optimizer, named_parameters):
+        """After deepspeed.initialize: learn which piece of which weight each flat partition that
+        DeepSpeed hands this optimizer holds (a collective; see came_zero.py)."""
+        from . import came_zero
+        self._zero = came_zero.bind(engine_optimizer, list(named_parameters))
+        self._views, self._buckets = {}, {}
+
+    def load_state_by_name(self, state_by_name):
+        """Whole-tensor state by parameter name (any strategy's portable form) into the pieces this
+        rank holds under DeepSpeed."""
+        from . import came_zero
+        for layout in self._zero.values():
+            flat, pieces = layout.flat, {}
+            for pc in layout.whole:
+                if pc.name in state_by_name:
+                    st = came_zero.whole_state_from_full(state_by_name[pc.name], self._view(flat, pc),
+                                                         self.block_size, self.min_8bit_size)
+                    pieces[pc.name] = dict(st, frag_start=0, frag_numel=pc.total, block_size=self.block_size)
+            for pc in layout.cut:
+                if pc.numel and pc.name in state_by_name:
+                    pieces[pc.name] = came_zero.piece_state_from_full(state_by_name[pc.name], pc, flat,
+                                                                      self.block_size, self.min_8bit_size)
+            self.state[flat] = {"came": pieces}
+        self._state_version += 1
+        self._buckets.clear()
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
@@ -72,12 +109,54 @@ class CAME8Bit(torch.optim.Optimizer):
                 raise ValueError("CAME8Bit got FSDP1 flat parameters (use_orig_params=False), which lose the "
                                  "2-D shapes it factors: use fsdp_version=2, or use_orig_params=True")
             self._registered.add(id(p))
+            if p.dim() == 1:
+                self._registered_vectors.add(p.numel())
             self._saw_factored |= came_torch.factored_view_shape(p.shape) is not None
+
+    def _view(self, flat, pc):
+        """A whole weight inside a flat partition, as a persistent view (the buckets key on it)."""
+        key = (id(flat), pc.name)
+        view = self._views.get(key)
+        if view is None or view.data_ptr() != flat.data_ptr() + pc.flat_offset * flat.element_size():
+            view = self._views[key] = pc.view(flat)
+        return view
+
+    def _step_flat(self, gi, group, flat, layout, kernel_work, skip):
+        """One DeepSpeed flat partition: its whole weights as in one process (views), its cut weights
+        by came_zero.step_split, with the statistics of the whole weights (collectives)."""
+        from . import came_zero
+        pieces = self.state[flat].setdefault("came", {})
+        grad = flat.grad
+        for k, pc in enumerate(layout.whole):
+            view, gview = self._view(flat, pc), pc.view(grad)
+            st = pieces.get(pc.name)
+            if st is None:
+                st = pieces[pc.name] = dict(frag_start=0, frag_numel=pc.total, block_size=self.block_size)
+                came_torch.init_state(view, st, self.block_size, self.min_8bit_size)
+            kind = self._kernel_kind(view, st, gview)
+            if kind is None:
+                came_torch.came_step_(view, gview, st, group, self.block_size, (gi, k), skip)
+            else:
+                kernel_work.setdefault(kind, []).append(((gi, k), view, gview, st))
+        work = []
+        for pc in layout.cut:
+            if not pc.numel:
+                work.append((pc, None, None, None))
+                continue
+            st = pieces.get(pc.name)
+            if st is None:
+                st = pieces[pc.name] = came_zero.init_piece_state(pc, flat, self.block_size, self.min_8bit_size)
+            work.append((pc, pc.view(flat), pc.view(grad), st))
+        if work:
+            came_zero.step_split(work, group, layout.group, self.block_size, self.min_8bit_size, flat.device, skip)
 
     def _check_not_flattened(self, p):
         # A wrapper that swapped our param_groups for flat partitions (DeepSpeed ZeRO) shows up as
         # parameters we were never given, all 1-D, where we were given matrices.
-        if id(p) not in self._registered and p.dim() == 1 and self._saw_factored:
+        # (DeepSpeed's FP16_UnfusedOptimizer, bf16 at stage 0, hands fp32 copies of each tensor: a copy
+        # of a bias has a registered vector's size)
+        if id(p) not in self._registered and p.dim() == 1 and self._saw_factored \
+                and p.numel() not in self._registered_vectors:
             raise RuntimeError(ZERO_FLAT_ERROR)
 
     @torch.no_grad()
@@ -91,6 +170,12 @@ class CAME8Bit(torch.optim.Optimizer):
         for gi, group in enumerate(self.param_groups):
             kernel_work = {}
             for pi, p in enumerate(group["params"]):
+                layout = self._zero.get(id(p))
+                if layout is not None:  # a DeepSpeed flat partition (every rank steps it: collectives)
+                    if p.grad is None:
+                        raise RuntimeError("CAME8Bit: a DeepSpeed flat partition without a gradient")
+                    self._step_flat(gi, group, p, layout, kernel_work, skip)
+                    continue
                 if p.grad is None:
                     continue
                 self._check_not_flattened(p)
@@ -99,14 +184,14 @@ class CAME8Bit(torch.optim.Optimizer):
                 state = self.state[p]
                 if len(state) == 0:
                     came_torch.init_state(p, state, self.block_size, self.min_8bit_size)
-                kind = self._kernel_kind(p, state)
+                kind = self._kernel_kind(p, state, p.grad)
                 if kind is None:
                     came_torch.came_step_(p, p.grad, state, group, self.block_size, (gi, pi), skip)
                 else:
-                    kernel_work.setdefault(kind, []).append((pi, p))
+                    kernel_work.setdefault(kind, []).append(((gi, pi), p, p.grad, state))
             for kind, work in kernel_work.items():
                 bucket = self._bucket(gi, kind, work)
-                bucket.step([p.grad for _, p in work], group, flag)
+                bucket.step([came_torch.local(g) for _, _, g, _ in work], group, flag)
         return loss
 
     def _found_inf(self):
@@ -116,12 +201,16 @@ class CAME8Bit(torch.optim.Optimizer):
             raise ValueError("CAME8Bit.found_inf must be a 1-element tensor on the parameters' device")
         return flag
 
-    def _kernel_kind(self, p, state):
+    def _kernel_kind(self, p, state, g):
         """Bucket key for the fused path, or None for the torch path."""
-        if came_torch.is_dtensor(p) or not use_kernels(self.backend, p):
+        if not use_kernels(self.backend, came_torch.local(p)):
             return None
         from .kernels import came_bucket
-        g = p.grad
+        if came_torch.is_dtensor(p):  # FSDP2 shards: the kernels on the local rows, statistics all-reduced
+            group = came_bucket.sharded_eligible(p, g, self.block_size) if "exp_avg_sq_row" in state else None
+            if group is None:
+                return None
+            return ("sharded", p.dtype, g.dtype, "exp_avg_codes" in state, came_torch.local(p).device, group)
         if "exp_avg_sq_row" in state and came_bucket.factored_eligible(p, g, self.block_size):
             return ("factored", p.dtype, g.dtype, "exp_avg_codes" in state, p.device)
         if "exp_avg_sq" in state and came_bucket.vector_eligible(p, g):
@@ -131,14 +220,18 @@ class CAME8Bit(torch.optim.Optimizer):
     def _bucket(self, gi, kind, work):
         from .kernels import came_bucket
         key = (gi, kind)
-        ids = tuple(id(p) for _, p in work)
+        ids = tuple(id(p) for _, p, _, _ in work)
         cached = self._buckets.get(key)
         if cached is not None and cached[0] == ids and cached[1] == self._state_version:
             return cached[2]
-        params = [p for _, p in work]
-        states = [self.state[p] for p in params]
-        positions = [(gi, pi) for pi, _ in work]
-        if kind[0] == "factored":
+        params = [p for _, p, _, _ in work]
+        states = [st for _, _, _, st in work]
+        positions = [pos for pos, _, _, _ in work]
+        if kind[0] == "sharded":
+            rows = [factored_rows(p.shape) for p in params]
+            bucket = came_bucket.ShardedFactoredBucket([came_torch.local(p) for p in params], states, positions,
+                                                       self.block_size, kind[3], rows, kind[5])
+        elif kind[0] == "factored":
             bucket = came_bucket.FactoredBucket(params, states, positions, self.block_size, kind[3])
         else:
             bucket = came_bucket.VectorBucket(params, states, positions)
@@ -149,6 +242,11 @@ class CAME8Bit(torch.optim.Optimizer):
         """Load without torch's cast of every floating state tensor to the parameter's dtype: codes
         stay uint8 and statistics fp32 (see state_io)."""
         load_state_keep_dtypes(self, state_dict, super().load_state_dict)
+        for p, state in self.state.items():
+            if isinstance(state.get("came"), dict):  # DeepSpeed pieces (came_zero): on the partition's device
+                dev = came_torch.local(p).device
+                state["came"] = {name: {k: v.to(device=dev, copy=True) if torch.is_tensor(v) else v
+                                        for k, v in piece.items()} for name, piece in state["came"].items()}
         for p, state in self.state.items():  # older checkpoints hold the step as a Python int
             if "step" in state and not torch.is_tensor(state["step"]):
                 state["step"] = torch.tensor(float(state["step"]), device=came_torch.local(p).device)

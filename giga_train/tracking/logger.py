@@ -7,8 +7,8 @@ import time
 from tqdm import tqdm
 
 
-def text_logger(log_dir, is_main):
-    """`giga_train` logger: console and `{log_dir}/train.log` on the main rank, silent elsewhere."""
+def text_logger(log_dir, is_main, file_name="train.log"):
+    """`giga_train` logger: console and `{log_dir}/{file_name}` on the main rank, silent elsewhere."""
     logger = logging.getLogger("giga_train")
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
@@ -18,7 +18,7 @@ def text_logger(log_dir, is_main):
     if is_main:
         os.makedirs(log_dir, exist_ok=True)
         fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
-        file_handler = logging.FileHandler(os.path.join(log_dir, "train.log"))
+        file_handler = logging.FileHandler(os.path.join(log_dir, file_name))
         file_handler.setFormatter(fmt)
         logger.addHandler(file_handler)
         console = _TqdmHandler()
@@ -34,17 +34,34 @@ class _TqdmHandler(logging.StreamHandler):
         tqdm.write(self.format(record), file=sys.stderr)
 
 
-class MetricLogger:
-    """Scalars every log_interval: TensorBoard (main rank), the text log, and the progress bar."""
+def trackers(log_with):
+    """GigaTrain's log_with (a name, a list of names, or None) as a set of tracker names."""
+    names = [log_with] if isinstance(log_with, str) else list(log_with or [])
+    names = {n.lower() for n in names} - {"none"}
+    return {"tensorboard", "wandb"} if "all" in names else names
 
-    def __init__(self, log_dir, log_with, is_main, start_step, max_steps, samples_per_step, show_bar=True):
+
+class MetricLogger:
+    """Scalars every log_interval: the text log, the progress bar, and the trackers `log_with` names
+    (TensorBoard, Weights & Biases), on the main rank."""
+
+    def __init__(self, log_dir, log_with, is_main, start_step, max_steps, samples_per_step, show_bar=True,
+                 run_name=None, config=None):
         self.is_main, self.samples_per_step = is_main, samples_per_step
-        self.writer = None
-        trackers = [log_with] if isinstance(log_with, str) else list(log_with or ())  # the schema gives a list
-        if is_main and "tensorboard" in trackers:
+        self.writer = self.wandb = None
+        names = trackers(log_with) if is_main else set()
+        if "tensorboard" in names:
             from torch.utils.tensorboard import SummaryWriter
             # purge_step hides events a crashed run wrote past the step we resume from.
             self.writer = SummaryWriter(log_dir, purge_step=start_step + 1 if start_step else None)
+        if "wandb" in names:
+            try:
+                import wandb
+            except ImportError:
+                from ..errors import ConfigError
+                raise ConfigError("train.log_with: 'wandb' needs the wandb package (pip install wandb);"
+                                  " WANDB_MODE=offline writes the run locally") from None
+            self.wandb = wandb.init(project=run_name, dir=log_dir, config=config, resume="allow")
         self.bar = None
         if is_main and show_bar:
             self.bar = tqdm(total=max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
@@ -63,10 +80,12 @@ class MetricLogger:
         if self.writer is not None:
             for name, value in scalars.items():
                 self.writer.add_scalar(f"train/{name}", value, step)
+        if self.wandb is not None:
+            self.wandb.log({f"train/{name}": value for name, value in scalars.items()}, step=step)
         parts = " | ".join(f"{k} {_fmt(v)}" for k, v in scalars.items())
         logging.getLogger("giga_train.metrics").info("step %d | %s", step, parts)
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{scalars.get('loss', float('nan')):.4f}", refresh=False)
+            self.bar.set_postfix(loss=f"{scalars.get('total_loss', float('nan')):.4f}", refresh=False)
         return scalars
 
     def advance(self, step):
@@ -79,6 +98,8 @@ class MetricLogger:
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 def _fmt(value):

@@ -1,3 +1,5 @@
+from .runner import Runner
+from .tester import Tester
 from .trainer import Trainer
 
-__all__ = ["Trainer"]
+__all__ = ["Runner", "Tester", "Trainer"]

@@ -152,8 +152,8 @@ class SchedulerRewind:
     """The scheduler's side of a skip decided on the device: the loop steps the scheduler before the host
     knows whether the step was skipped; a step settled as skipped takes its scheduler step back."""
 
-    def __init__(self, scheduler, optimizer):
-        self.scheduler, self.optimizer = scheduler, optimizer
+    def __init__(self, schedulers, optimizers):
+        self.schedulers, self.optimizers = schedulers, optimizers
         self.before = {}  # step -> scheduler state before it, for steps whose skip is in flight
 
     def remember(self, step):
@@ -172,13 +172,16 @@ class SchedulerRewind:
         self._set_state(before)
         for later in self.before:  # steps still in flight (in order): replay their scheduler steps
             self.before[later] = self._state()
-            self.scheduler.step()
+            for scheduler in self.schedulers:
+                scheduler.step()
 
     def _state(self):
-        return self.scheduler.state_dict(), [group["lr"] for group in self.optimizer.param_groups]
+        return ([scheduler.state_dict() for scheduler in self.schedulers],
+                [group["lr"] for optimizer in self.optimizers for group in optimizer.param_groups])
 
     def _set_state(self, state):
-        scheduler_state, lrs = state
-        self.scheduler.load_state_dict(scheduler_state)
-        for group, lr in zip(self.optimizer.param_groups, lrs):
+        scheduler_states, lrs = state
+        for scheduler, scheduler_state in zip(self.schedulers, scheduler_states):
+            scheduler.load_state_dict(scheduler_state)
+        for group, lr in zip([g for optimizer in self.optimizers for g in optimizer.param_groups], lrs):
             group["lr"] = lr

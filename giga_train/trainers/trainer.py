@@ -1,25 +1,50 @@
-"""The training loop. Subclass Trainer, write get_models and forward_step; the config does the rest."""
+"""The Trainer: GigaTrain's surface (its constructor, properties and hooks, called at the same points) over
+our engine. Subclass it, write get_models and forward_step; the config does the rest.
+
+    load(config)   -> Trainer(project_dir, **config.train); prepare(dataloaders.train, models, optimizers,
+                      schedulers): get_dataloaders, get_models, apply_activation_checkpointing, apply_fp8,
+                      (compile, shard: the strategy) get_optimizers, set_ema_models, get_schedulers
+    train()        -> print_before_train; per step: per micro-batch forward_step, parse_losses,
+                      backward_step (the last one steps the optimizers); print_step; save_checkpoint_step;
+                      then print_after_train
+"""
 import logging
+import math
 import os
 import random
+import time
 
 import numpy as np
 import torch
 
 from ..checkpoint.checkpointer import Checkpointer
-from ..config import load_config
-from ..data import DataStream
-from ..distributed.env import setup_environment
+from ..data import DataStream, as_stream
+from ..distributed.activation_checkpointing import apply_activation_checkpointing
 from ..distributed.parallelize import parallelize
 from ..distributed.preemption import PreemptionSignals
 from ..ema import EMA
+from ..errors import ConfigError
+from ..fp8 import convert_to_float8
 from ..optimizers import build_optimizer
-from ..registry import SCHEDULERS, STRATEGIES
-from ..schema import validate_config
-from ..tracking import MetricLogger, text_logger
+from ..optimizers.group import OptimizerGroup
+from ..registry import STRATEGIES
+from ..schedulers import SCHEDULERS
+from ..schema import train_kwargs
+from ..tracking import MetricLogger
+from .checkpoint_hooks import CheckpointHooks
 from .nan_guard import NanGuard, SchedulerRewind
+from ..utils import as_list
+from .runner import Runner
 
 log = logging.getLogger("giga_train")
+
+# GigaTrain's named Trainer arguments; every other key of the `train` section is in self.kwargs.
+TRAINER_KEYWORDS = (
+    "max_epochs", "max_steps", "gradient_accumulation_steps", "mixed_precision", "dynamo_config", "ddp_config",
+    "fp8_config", "data_parallel_size", "log_with", "log_interval", "log_cpu_memory", "checkpoint_interval",
+    "checkpoint_total_limit", "checkpoint_keeps", "checkpoint_save_optimizer", "checkpoint_safe_serialization",
+    "checkpoint_strict", "activation_checkpointing", "activation_class_names", "with_ema", "allow_tf32", "seed",
+    "logging_dir")
 
 
 def seed_everything(seed):
@@ -28,108 +53,229 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
-class Trainer:
-    """Runs the whole job described by a config. Override `get_models` and `forward_step`."""
+class Trainer(CheckpointHooks, Runner):
+    """Runs the `train` part of a config. Override `get_models` and `forward_step`; any hook below."""
+    SECTION, OWN_KEYWORDS, LOG_NAME = "train", TRAINER_KEYWORDS, "train.log"
 
-    # -- what a user writes ---------------------------------------------------------------------
+    def __init__(self, project_dir, **train):
+        super().__init__(project_dir, **train)
+        self.train_config = self.options
+        self.strategy = STRATEGIES.get(self.config.launch.distributed_type)(
+            self.env, self.config.launch, self.train_config,
+            micro_batch_size=self.config.dataloaders.train.batch_size_per_gpu)
+        if self.train_config.get("allow_tf32", True) and torch.cuda.is_available():
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        self.step = 0  # optimizer steps completed (cur_step is GigaTrain's, 1-based inside a step)
+        self._stepping = False
+        self._optimizers, self._schedulers, self.ema = [], [], None
+        self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
+        seed_everything(self.train_config.seed)  # every rank builds the same initial weights
+
+    def extra_options(self, options):
+        return train_kwargs(options)
+
+    @property
+    def mixed_precision(self):
+        """As GigaTrain's Trainer: None without mixed precision."""
+        mode = self.options.get("mixed_precision")
+        return None if mode in (None, "no") else mode
+
+    def prepare_arguments(self, config):
+        models = config.models
+        return dict(dataloaders=config.dataloaders.train, models=models.train if "train" in models else models,
+                    optimizers=config.optimizers, schedulers=config.schedulers)
+
+    # -- building (GigaTrain's prepare and its hooks) -------------------------------------------
+    def prepare(self, dataloaders, models, optimizers, schedulers):
+        train = self.train_config
+        self._dataloaders = as_list(self.get_dataloaders(dataloaders))
+        self._stream = as_stream(self.dataloader, self.device)  # what the loop reads; checkpoints its position
+        self._models = as_list(self.get_models(models))
+        if len(self._models) != 1:
+            raise ConfigError(f"get_models returned {len(self._models)} models: giga-train trains one module;"
+                              " put several in a giga_train.ModuleDict (GigaTrain's checkpoints also hold one)")
+
+        def make_optimizers(module):  # called by the engine with the module whose parameters it steps
+            self._models = [module]
+            self._optimizers = as_list(self.get_optimizers(optimizers))
+            return self._optimizers[0] if len(self._optimizers) == 1 else OptimizerGroup(self._optimizers)
+
+        self._models[0], self.engine_optimizer = parallelize(
+            self._models[0], self.strategy, train, self.config.launch.fsdp_config, make_optimizers,
+            checkpoint=lambda model: self.apply_activation_checkpointing([model]),
+            float8=lambda model: self.apply_fp8([model]))
+        self.set_ema_models()
+        self._schedulers = as_list(self.get_schedulers(schedulers))
+        self.checkpoints = Checkpointer(self.strategy, self.model_dir, train, self.ema)
+        max_nan = train.max_nan_steps if train.max_nan_steps is not None else float("inf")  # None: never stop
+        self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest)
+        self._scheduler_rewind = SchedulerRewind(self.schedulers, self.optimizers)
+        seed_everything(train.seed + self.process_index)  # ranks differ from here on (dropout, noise)
+
+    def get_dataloaders(self, data_config):
+        """The training data: micro-batches on the device, resumable to the exact sample."""
+        return DataStream(data_config, self.train_config.seed, self.process_index, self.num_processes, self.device,
+                          accumulation=self.gradient_accumulation_steps)
+
     def get_models(self, model_config):
         """Return an nn.Module, or a ModuleDict of several (called with `config.models`)."""
         raise NotImplementedError(f"{type(self).__name__} must define get_models(self, model_config)")
 
-    def forward_step(self, batch_dict):
-        """Return the loss tensor, or a dict of named losses (each logged; their sum is trained)."""
-        raise NotImplementedError(f"{type(self).__name__} must define forward_step(self, batch_dict)")
+    def set_ema_models(self):
+        """With train.with_ema: the moving average of the trainable weights (sharded as the model is)."""
+        if self.train_config.with_ema:
+            # GigaTrain's decay warm-up, min((1 + s) / (10 + s), ema_decay): the first update copies the weights
+            self.ema = EMA(self.unwrapped_model, self.train_config.ema_decay, warmup=True)
+
+    def apply_activation_checkpointing(self, models=None):
+        train = self.train_config
+        if train.activation_checkpointing and train.activation_class_names:
+            for model in models or self.models:
+                apply_activation_checkpointing(model, train.activation_class_names)
+
+    def apply_fp8(self, models=None):
+        if self.mixed_precision == "fp8":
+            for model in models or self.models:
+                convert_to_float8(model, self.train_config.fp8_config, fsdp2=self.strategy.gathers_float8_weights())
 
     def get_trainable_parameters(self, model):
         """The parameters the optimizer updates (default: those with requires_grad)."""
         return [p for p in model.parameters() if p.requires_grad]
 
-    # -- set-up ---------------------------------------------------------------------------------
-    def __init__(self, config):
-        self.config = cfg = load_config(config)
-        validate_config(cfg)
-        self.train_config = train = cfg.train
-        self.env = setup_environment(cfg.launch)
-        self.device = self.env.device
-        self.project_dir = cfg.project_dir
-        self.model_dir = os.path.join(cfg.project_dir, "models")
-        self.log_dir = os.path.join(cfg.project_dir, "logs")
-        text_logger(self.log_dir, self.env.is_main)
-        self.strategy = STRATEGIES.get(cfg.launch.distributed_type)(
-            self.env, cfg.launch, train, micro_batch_size=cfg.dataloaders.train.batch_size_per_gpu)
-        self.dtype = self.strategy.precision.dtype or torch.float32
+    def get_optimizers(self, optimizers):
+        """One optimizer over all models, or one per model (GigaTrain's rule), from config dicts."""
+        optimizers = as_list(optimizers)
+        if len(optimizers) not in (1, len(self.models)):
+            raise ConfigError(f"optimizers: {len(optimizers)} configs for {len(self.models)} models (give one, or"
+                              " one per model)")
+        built = []
+        for i, cfg in enumerate(optimizers):
+            if not isinstance(cfg, dict):
+                built.append(cfg)  # an optimizer object the config or an override already built
+                continue
+            models = self.models if len(optimizers) == 1 else [self.models[i]]
+            built.append(build_optimizer(cfg, [p for m in models for p in self.get_trainable_parameters(m)]))
+        return built
 
-        seed_everything(train.seed)  # every rank builds the same initial weights
-        self.model, self.optimizer = parallelize(
-            self.get_models(cfg.models), self.strategy, train, cfg.launch.fsdp_config,
-            lambda module: build_optimizer(cfg.optimizers, self.get_trainable_parameters(module)))
-        self.scheduler = SCHEDULERS.build(cfg.schedulers, self.optimizer)
-        self.ema = EMA(self.unwrapped_model, train.ema_decay) if train.with_ema else None
+    def get_schedulers(self, schedulers):
+        """One scheduler per optimizer, from config dicts (given epoch_size, max_epochs and max_steps when
+        the scheduler takes them); one config serves every optimizer."""
+        schedulers = as_list(schedulers)
+        if len(schedulers) == 1 and len(self.optimizers) > 1:
+            schedulers = schedulers * len(self.optimizers)
+        if len(schedulers) != len(self.optimizers):
+            raise ConfigError(f"schedulers: {len(schedulers)} configs for {len(self.optimizers)} optimizers")
+        extras = dict(epoch_size=self.epoch_size, max_epochs=self.max_epochs, max_steps=self.max_steps)
+        return [SCHEDULERS.build(cfg, optimizer, **extras) if isinstance(cfg, dict) else cfg
+                for cfg, optimizer in zip(schedulers, self.optimizers)]
 
-        self.data = DataStream(cfg.dataloaders.train, train.seed, self.env.rank, self.env.world_size, self.device)
-        self.accumulation = train.gradient_accumulation_steps
-        self.max_steps = train.max_steps or max(train.max_epochs * len(self.data) // self.accumulation, 1)
-        self.checkpoints = Checkpointer(self.strategy, self.model_dir, train, self.ema)
-        self.step = 0
-        self.nan_guard = NanGuard(train.nan_policy, train.max_nan_steps, self.env.is_main, self.checkpoints.latest)
-        self._scheduler_rewind = SchedulerRewind(self.scheduler, self.optimizer)
-        self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
-        seed_everything(train.seed + self.env.rank)  # ranks differ from here on (dropout, noise)
-        path = self.checkpoints.resume_path(train.resume)
-        if path is not None:
-            self.load_checkpoint(path)
-
+    # -- GigaTrain's properties -----------------------------------------------------------------
     @property
     def unwrapped_model(self):
         return self.strategy.unwrap()
 
     @property
-    def epoch(self):
-        return self.data.epoch
+    def optimizers(self):
+        return self._optimizers
 
     @property
-    def is_main_process(self):
-        return self.env.is_main
+    def optimizer(self):
+        return self._optimizers[0]
+
+    @property
+    def schedulers(self):
+        return self._schedulers
+
+    @property
+    def scheduler(self):
+        return self._schedulers[0]
+
+    @property
+    def gradient_accumulation_steps(self):
+        return self.train_config.gradient_accumulation_steps
+
+    @property
+    def sync_gradients(self):
+        """True in the last micro-batch of a step: its backward syncs the gradients and steps."""
+        return self._micro == self.gradient_accumulation_steps - 1
+
+    @property
+    def batch_size(self):
+        """Samples per optimizer step, all ranks together."""
+        per_rank = getattr(self.dataloader, "batch_size", None) or 1
+        parallel = self.train_config.get("data_parallel_size") or 1
+        return per_rank * self.num_processes * self.gradient_accumulation_steps // parallel
+
+    @property
+    def epoch_size(self):
+        """Optimizer steps per epoch."""
+        return int(math.ceil(len(self.dataloader) / self.gradient_accumulation_steps))
+
+    @property
+    def max_epochs(self):
+        max_epochs = self.train_config.max_epochs or 0
+        return max_epochs if max_epochs > 0 else int(math.ceil(self.max_steps / self.epoch_size))
+
+    @property
+    def max_steps(self):
+        max_steps = self.train_config.max_steps or 0
+        return max_steps if max_steps > 0 else self.train_config.max_epochs * self.epoch_size
+
+    @property
+    def by_epoch(self):
+        """Whether the run is measured in epochs (train.max_epochs set): checkpoint_interval counts epochs."""
+        return not self.train_config.max_steps and bool(self.train_config.max_epochs)
+
+    @property
+    def cur_step(self):
+        """GigaTrain's step counter: the step being computed (1-based) inside a step, else the steps done."""
+        return self.step + 1 if self._stepping else self.step
+
+    @property
+    def cur_epoch(self):
+        return int(math.ceil(self.cur_step / self.epoch_size))
+
+    @property
+    def epoch(self):
+        """The epoch the data stream is in (0-based)."""
+        return self._stream.epoch
 
     @property
     def rank(self):
-        return self.env.rank
+        return self.process_index
 
     @property
     def world_size(self):
-        return self.env.world_size
+        return self.num_processes
+
+    @property
+    def is_main(self):
+        return self.is_main_process
 
     # -- the loop -------------------------------------------------------------------------------
     def train(self):
-        train = self.train_config
         if self.step >= self.max_steps:
             log.info("already at step %d of %d: nothing to train", self.step, self.max_steps)
             return self._finish()
-        samples_per_step = self.data.batch_size * self.env.world_size * self.accumulation
-        metrics = MetricLogger(self.log_dir, train.log_with, self.env.is_main, self.step, self.max_steps,
-                               samples_per_step, show_bar=train.progress_bar)
-        log.info("training %s from step %d to %d (%d samples/step) on %s; checkpoints in %s, logs in %s",
-                 type(self.unwrapped_model).__name__, self.step, self.max_steps, samples_per_step,
-                 self.device, self.model_dir, self.log_dir)
+        train = self.train_config
+        self._metrics = MetricLogger(self.logging_dir, train.log_with, self.is_main_process, self.step,
+                                     self.max_steps, self.batch_size, show_bar=train.progress_bar,
+                                     run_name=os.path.basename(self.project_dir), config=self.config.to_dict())
+        self.print_before_train()
         self.model.train()
-        sums, counted = {}, 0  # named losses of the updated steps, summed on the device since the last log
+        self._sums, self._counted = {}, 0  # losses of the updated steps, summed on the device since the last log
         self.preemption = PreemptionSignals()
         try:
             with self.preemption:
                 while self.step < self.max_steps:
-                    losses, result = self.train_step()
+                    result = self.train_step()
                     self.step += 1
                     self.nan_guard.record(self.step, result)
                     self._settle_skips()  # the flags that have reached the host; never waits
-                    sums, counted = self._add_losses(sums, counted, losses, result)
-                    metrics.advance(self.step)
-                    if self.step % train.log_interval == 0 or self.step == self.max_steps:
-                        self._settle_skips(wait=True)
-                        scalars = self._scalars(sums, counted, result.grad_norm)
-                        self.last_metrics = metrics.log_step(self.step, scalars)
-                        sums, counted = {}, 0
-                    if train.checkpoint_interval and self.step % train.checkpoint_interval == 0:
-                        self.save_checkpoint()
+                    self._add_losses(self._step_losses, result)
+                    self._metrics.advance(self.step)
+                    self.print_step()
+                    self.save_checkpoint_step()
                     # the same step on every rank; so is a stop that one rank's settle found first
                     preempted, stopping = self.preemption.agreed(self.env, self.nan_guard.stopping is not None)
                     if stopping:
@@ -146,67 +292,110 @@ class Trainer:
             self.wait_for_checkpoint(raise_errors=False)  # what was taken before the error still lands
             raise
         finally:
-            metrics.close()
+            self._metrics.close()
+        self.print_after_train()
         return self._finish()
 
     def train_step(self):
-        """One optimizer step over `gradient_accumulation_steps` micro-batches.
+        """One optimizer step over `gradient_accumulation_steps` micro-batches, each through forward_step,
+        parse_losses and backward_step. Returns the step's StepResult."""
+        self._stepping, self._step_losses = True, {}
+        try:
+            for self._micro in range(self.gradient_accumulation_steps):
+                batch = next(self._stream)
+                # The trainer owns the accumulation boundary: only the last micro-step syncs gradients.
+                with self.strategy.accumulating(not self.sync_gradients):
+                    with self.strategy.autocast():
+                        losses = self.forward_step(batch)
+                    self.backward_step(self.parse_losses(losses))
+        finally:
+            self._stepping = False
+        return self._result
 
-        Returns (named losses averaged over the micro-batches, as device tensors; the StepResult).
-        A step the NaN guard skips leaves the optimizer, the scheduler and the EMA untouched (where the
-        skip is decided on the device, the scheduler is rewound when the step is settled)."""
+    def forward_step(self, batch_dict):
+        """Return a loss tensor (per-sample losses are averaged), or a dict of named losses."""
+        return self.model(batch_dict)
+
+    def parse_losses(self, losses):
+        """The loss to train from forward_step's output: each entry's mean, summed; each (and their sum,
+        `total_loss`) is logged, averaged over the log interval and the ranks, without a host read."""
+        named = losses if isinstance(losses, dict) else {}
+        if named and "total_loss" in named:
+            raise ConfigError("forward_step: a loss named 'total_loss' (the name of their sum): rename it")
+        means = {name: value.mean() for name, value in named.items()}
+        loss = sum(means.values()) if named else losses.mean()
+        scale = 1.0 / self.gradient_accumulation_steps
+        for name, value in {**means, "total_loss": loss}.items():
+            self._step_losses[name] = self._step_losses.get(name, 0) + value.detach().float() * scale
+        return loss
+
+    def backward_step(self, loss):
+        """Backward of one micro-batch; the last of a step clips, steps the optimizer (or skips the step
+        everywhere when the NaN guard says so), the scheduler and the EMA."""
+        accumulation = self.gradient_accumulation_steps
+        self.strategy.backward(loss / accumulation)
+        self._trained = loss.detach() / accumulation + (self._trained if self._micro else 0)
+        if self.sync_gradients:
+            self._result = self._optimizer_step(self._trained)
+
+    def _optimizer_step(self, trained):
+        """Returns the StepResult. A step the NaN guard skips leaves the optimizer, the scheduler and the
+        EMA untouched (where the skip is decided on the device, the scheduler is rewound when the step is
+        settled)."""
         train, strategy = self.train_config, self.strategy
-        totals, trained = {}, 0
-        for micro in range(self.accumulation):
-            batch = next(self.data)
-            # The trainer owns the accumulation boundary: only the last micro-step syncs gradients.
-            with strategy.accumulating(micro < self.accumulation - 1):
-                with strategy.autocast():
-                    output = self.forward_step(batch)
-                losses = output if isinstance(output, dict) else {"loss": output}
-                loss = sum(losses.values()) / self.accumulation
-                strategy.backward(loss)
-            trained = trained + loss.detach()
-            for name, value in losses.items():
-                totals[name] = totals.get(name, 0) + value.detach().float() / self.accumulation
-            if len(losses) > 1:
-                total_name = "total_loss" if "loss" in losses else "loss"
-                totals[total_name] = totals.get(total_name, 0) + loss.detach().float()
         result = strategy.step(train.max_grad_norm, measure=(self.step + 1) % train.log_interval == 0,
                                verdict=self.nan_guard.verdict(strategy, trained))
         if result.skipped and result.nonfinite_names:  # read on the host: nothing else moves
-            return totals, result
+            return result
         if result.found_inf is not None:  # the host learns later whether this step was skipped
             self._scheduler_rewind.remember(self.step + 1)
-        self.scheduler.step()
+        for scheduler in self.schedulers:
+            scheduler.step()
         if self.ema is not None:
             self.ema.update(skip=result.found_inf)  # a no-op on the device for a skipped step
-        return totals, result
+        return result
 
-    # -- the NaN guard's host side --------------------------------------------------------------
-    @staticmethod
-    def _add_losses(sums, counted, losses, result):
+    # -- logging (GigaTrain's print hooks) ------------------------------------------------------
+    def print_before_train(self):
+        self.print("%s: %d parameters (%d trained)", type(self.unwrapped_model).__name__,
+                   sum(p.numel() for p in self.unwrapped_model.parameters()),
+                   sum(p.numel() for p in self.get_trainable_parameters(self.unwrapped_model)))
+        self.print("num_processes: %d, process_index: %d, data_size: %d, batch_size: %d, epoch_size: %d",
+                   self.num_processes, self.process_index, self.data_size, self.batch_size, self.epoch_size)
+        self.print("training %s from step %d to %d (%d samples/step) on %s; checkpoints in %s, logs in %s",
+                   type(self.unwrapped_model).__name__, self.step, self.max_steps, self.batch_size, self.device,
+                   self.model_dir, self.logging_dir)
+        self._start_time = time.perf_counter()
+
+    def print_step(self):
+        """Every log_interval steps (and at the last): the averaged losses, lr, grad norm and timing, on the
+        main process's log, tracker and progress bar. The one place the loop waits for the device."""
+        if self.step % self.train_config.log_interval and self.step != self.max_steps:
+            return
+        self._settle_skips(wait=True)
+        scalars = self._scalars(self._sums, self._counted, self._result.grad_norm)
+        self.last_metrics = self._metrics.log_step(self.step, scalars)
+        self._sums, self._counted = {}, 0
+
+    def print_after_train(self):
+        self.print("total time: %.1f s", time.perf_counter() - getattr(self, "_start_time", time.perf_counter()))
+
+    def _add_losses(self, losses, result):
         """Add a step's losses to the sums since the last log, leaving out a skipped step's (so one NaN
         does not hide the others'): masked on the device by its flag when the skip was decided there."""
         if result.found_inf is not None:
             skipped = result.found_inf > 0
             for name, value in losses.items():
-                sums[name] = sums.get(name, 0) + torch.where(skipped, 0.0, value)
-            return sums, counted + (1.0 - result.found_inf)  # a device count
-        if not result.nonfinite_names:
+                self._sums[name] = self._sums.get(name, 0) + torch.where(skipped, 0.0, value)
+            self._counted = self._counted + (1.0 - result.found_inf)  # a device count
+        elif not result.nonfinite_names:
             for name, value in losses.items():
-                sums[name] = sums.get(name, 0) + value
-            counted += 1
-        return sums, counted
-
-    def _settle_skips(self, wait=False):
-        """Settle the NaN guard's pending steps (NanGuard.settle); never waits unless `wait`."""
-        self.nan_guard.settle(self.step, wait, self._scheduler_rewind.settled)
+                self._sums[name] = self._sums.get(name, 0) + value
+            self._counted += 1
 
     def _scalars(self, sums, counted, grad_norm):
-        """Host values for logging: the one place the loop waits for the device. `counted`: the steps
-        in `sums` (skipped steps are left out, so one NaN does not hide the loss of the others); a
-        device tensor where the skips were decided on the device."""
+        """Host values for logging. `counted`: the steps in `sums` (skipped steps are left out, so one NaN
+        does not hide the loss of the others); a device tensor where the skips were decided on the device."""
         names = sorted(sums)
         on_device = torch.is_tensor(counted)
         values = [sums[n] / (counted.clamp(min=1) if on_device else counted) for n in names]
@@ -222,49 +411,19 @@ class Trainer:
             scalars["nan_skipped"] = self.nan_guard.take_window()
         return scalars
 
+    def _settle_skips(self, wait=False):
+        """Settle the NaN guard's pending steps (NanGuard.settle); never waits unless `wait`."""
+        self.nan_guard.settle(self.step, wait, self._scheduler_rewind.settled)
+
     def _finish(self):
         self.wait_for_checkpoint()
-        loss = getattr(self, "last_metrics", {}).get("loss")
+        loss = getattr(self, "last_metrics", {}).get("total_loss")
         where = self.checkpoints.latest()
         if self.preempted:
             log.info("preempted (%s) at step %d of %d: saved %s; rerun with train.resume=True to continue",
                      self.preemption.signal_name or "a signal on another rank", self.step, self.max_steps, where)
         else:
             log.info("done at step %d%s; checkpoint: %s; TensorBoard: tensorboard --logdir %s", self.step,
-                     f", final loss {loss:.4f}" if loss is not None else "", where, self.log_dir)
+                     f", final loss {loss:.4f}" if loss is not None else "", where, self.logging_dir)
         self.strategy.close()
         return self
-
-    # -- checkpoints ----------------------------------------------------------------------------
-    def save_checkpoint(self):
-        """Write a checkpoint of this step (see Checkpointer.save); the NaN guard settles first, so that a
-        stop comes before anything is written."""
-        self._settle_skips(wait=True)
-        self.wait_for_checkpoint()  # at most one save in flight: its error surfaces here
-        self.checkpoints.save(self.step, self.epoch, self.checkpoint_meta(), self.state_dict)
-
-    def wait_for_checkpoint(self, raise_errors=True):
-        """Return once no checkpoint is being written in the background (train.checkpoint_async)."""
-        self.checkpoints.wait(raise_errors)
-
-    def load_checkpoint(self, path):
-        """Continue from checkpoint folder `path`, written by any strategy at any world size."""
-        self.checkpoints.load(path, self.load_state_dict)
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.data.epoch,
-                 self.data.batch_in_epoch)
-
-    def state_dict(self):
-        """The trainer's own state in a checkpoint (training_state.pt)."""
-        return {"scheduler": self.scheduler.state_dict(), "data": self.data.state_dict(), "step": self.step}
-
-    def load_state_dict(self, state):
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.data.load_state_dict(state["data"])
-        self.step = int(state["step"])
-
-    def checkpoint_meta(self):
-        """What meta.json records beside the files."""
-        return dict(step=self.step, epoch=self.epoch, samples_seen=self.data.samples_seen,
-                    world_size=self.env.world_size, distributed_type=self.config.launch.distributed_type,
-                    mixed_precision=self.train_config.mixed_precision, ema=self.ema is not None,
-                    config=self.config.to_dict())

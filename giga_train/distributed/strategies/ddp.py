@@ -1,4 +1,6 @@
-"""DDP: replicated weights, gradients all-reduced once per optimizer step (no_sync while accumulating)."""
+"""DDP: replicated weights, gradients all-reduced once per optimizer step (no_sync while accumulating).
+`train.ddp_config` (GigaTrain's key: Accelerate's DistributedDataParallelKwargs) goes to DDP's constructor,
+e.g. find_unused_parameters=True for a model with parameters its forward may skip."""
 import contextlib
 
 from torch.nn.parallel import DistributedDataParallel
@@ -17,7 +19,7 @@ class DDPStrategy(TorchOptimizerStrategy):
     def setup(self, model, make_optimizer):
         model = model.to(self.device)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        self.model = DistributedDataParallel(model, device_ids=device_ids)
+        self.model = DistributedDataParallel(model, device_ids=device_ids, **(self.train.get("ddp_config") or {}))
         self.optimizer = make_optimizer(model)
         return self.model, self.optimizer
 

@@ -13,6 +13,7 @@ from ...registry import STRATEGIES
 from ..deepspeed_config import resolve_deepspeed_config
 from ..env import init_process_group
 from ...checkpoint.portable import DEEPSPEED_DIR, DEEPSPEED_TAG, deepspeed_meta, write_deepspeed_meta
+from ...checkpoint.safe_unpickle import safe_torch_loads
 from .base import StepResult, Strategy
 from .deepspeed_state import set_full_state
 
@@ -37,6 +38,9 @@ class DeepSpeedStrategy(Strategy):
                               " use FSDP (fsdp_version=2) or ZeRO-0/1/2")
         model.to(self.device)
         optimizer = make_optimizer(model)
+        if len(getattr(optimizer, "optimizers", ())) > 1:  # an OptimizerGroup
+            raise ConfigError("get_optimizers: DeepSpeed steps one optimizer; give one optimizer several param"
+                              " groups, or use FSDP (fsdp_version=2) or DDP for several optimizers")
         check = getattr(type(optimizer), "check_zero_compatible", None)
         if check is not None:
             try:
@@ -50,6 +54,9 @@ class DeepSpeedStrategy(Strategy):
         self._added_env = _set_launcher_variables(self.env)
         self.model, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config,
                                                    dist_init_required=False)
+        bind = getattr(optimizer, "bind_deepspeed", None)  # CAME8Bit: which weight pieces each flat partition holds
+        if bind is not None:
+            bind(self.model.optimizer, model.named_parameters())
         return self.model, self.optimizer
 
     def unwrap(self):
@@ -130,8 +137,9 @@ class DeepSpeedStrategy(Strategy):
         """The engine's own files, when the same ZeRO stage at the same world size wrote them."""
         if deepspeed_meta(folder) != dict(stage=self.stage, world_size=self.env.world_size):
             return False
-        path, _ = self.model.load_checkpoint(os.path.join(folder, DEEPSPEED_DIR), tag=DEEPSPEED_TAG,
-                                             load_module_strict=self.train.checkpoint_strict)
+        with safe_torch_loads():  # DeepSpeed's own torch.load(weights_only=False) calls, allow-listed
+            path, _ = self.model.load_checkpoint(os.path.join(folder, DEEPSPEED_DIR), tag=DEEPSPEED_TAG,
+                                                 load_module_strict=self.train.checkpoint_strict)
         if path is None:
             raise FileNotFoundError(f"{folder}/deepspeed: no DeepSpeed checkpoint to resume from")
         return True

@@ -12,10 +12,12 @@ def set_full_state(strategy, weights, optim):
     missing = [k for k, _ in list(module.named_parameters()) + list(module.named_buffers()) if k not in weights]
     if missing and strategy.train.checkpoint_strict:
         raise KeyError(f"checkpoint weights lack {missing[0]} (and {len(missing) - 1} more)")
-    _materialize_state(strategy.optimizer, strategy.model.optimizer)
-    link = getattr(strategy.model.optimizer, "_lazy_init_hp_params_optimizer_state", None)
-    if link is not None:  # ZeRO-1/2, bf16: point each parameter's fragment at that state
-        link()
+    by_name = getattr(strategy.optimizer, "load_state_by_name", None)  # CAME8Bit: its own pieces (came_zero.py)
+    if by_name is None:
+        _materialize_state(strategy.optimizer, strategy.model.optimizer)
+        link = getattr(strategy.model.optimizer, "_lazy_init_hp_params_optimizer_state", None)
+        if link is not None:  # ZeRO-1/2, bf16: point each parameter's fragment at that state
+            link()
     partitioned = False
     for name, param in module.named_parameters():
         if name not in weights:
@@ -30,12 +32,14 @@ def set_full_state(strategy, weights, optim):
         if hasattr(param, "ds_id") or hasattr(param, "_hp_mapping"):
             partitioned = True
             safe_set_full_fp32_param(param, value.to(strategy.device))
-            for key, tensor in optim["state"].get(name, {}).items():
+            for key, tensor in optim["state"].get(name, {}).items() if by_name is None else ():
                 if key != "step":
                     safe_set_full_optimizer_state(param, tensor.to(strategy.device).float(), key)
     for name, buf in module.named_buffers():
         if name in weights:
             buf.data.copy_(weights[name].to(buf.device, buf.dtype))
+    if by_name is not None:
+        by_name(optim["state"])
     if not partitioned:  # ZeRO-0 in fp32: the engine steps our torch optimizer over the module itself
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
         set_optimizer_state_dict(module, strategy.optimizer, optim, options=StateDictOptions(full_state_dict=True))

@@ -36,7 +36,7 @@ class FSDP1Strategy(FSDP2Strategy):
         return self.model.no_sync() if accumulating else contextlib.nullcontext()
 
     def clip_grad_norm(self, max_norm):
-        return self.model.clip_grad_norm_(max_norm if max_norm is not None else float("inf"))
+        return self.model.clip_grad_norm_(max_norm if max_norm is not None else float("inf"), self.norm_type)
 
     def optimizer_state_options(self):
         return StateDictOptions(full_state_dict=True, cpu_offload=self.device.type == "cuda")

@@ -45,9 +45,9 @@ class FSDP2Strategy(TorchOptimizerStrategy):
     def clip_grad_norm(self, max_norm):
         params = [p for p in self.model.parameters() if p.grad is not None]
         if max_norm is None:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params], self.norm_type)
         else:
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, self.norm_type)
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
     # -- state ----------------------------------------------------------------------------------

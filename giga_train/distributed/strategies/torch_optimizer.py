@@ -4,6 +4,7 @@ import os
 
 import torch
 
+from ...checkpoint.safe_unpickle import load_dcp
 from ...optimizers.found_inf import supports_found_inf
 from .base import StepResult, Strategy
 
@@ -51,10 +52,15 @@ class TorchOptimizerStrategy(Strategy):
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(norm)
 
+    @property
+    def norm_type(self):
+        """train.grad_norm_type (GigaTrain's key): the p of the clipped gradient norm (2 by default)."""
+        return float(self.train.get("grad_norm_type") or 2.0)
+
     def clip_grad_norm(self, max_norm):
         """The total gradient norm before clipping; clips to max_norm unless it is None."""
         grads = [p.grad for p in self.unwrap().parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads)
+        norm = torch.nn.utils.get_total_norm(grads, self.norm_type)
         if max_norm is not None:
             torch.nn.utils.clip_grads_with_norm_(self.unwrap().parameters(), max_norm, norm)
         return norm
@@ -91,14 +97,13 @@ class TorchOptimizerStrategy(Strategy):
             torch.save({"precision": state["precision"]}, os.path.join(folder, PRECISION_FILE))
 
     def load_state(self, folder):
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
         source = os.path.join(folder, OPTIMIZER_DCP)
         if not os.path.isdir(source):
             return False
         options = self.optimizer_state_options()
         state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=options)}
-        dcp.load(state, checkpoint_id=source)
+        load_dcp(state, source)  # .metadata through the allow-list, not plain pickle
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
         precision = os.path.join(folder, PRECISION_FILE)
         if os.path.isfile(precision):

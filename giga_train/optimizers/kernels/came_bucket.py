@@ -38,6 +38,26 @@ def factored_eligible(p, grad, block_size):
             and grad.dtype in KIND and kernel_block_size_ok(block_size))
 
 
+def sharded_eligible(p, grad, block_size):
+    """The shard group when a DTensor parameter can take ShardedFactoredBucket (FSDP2: dim-0 shards
+    on one mesh dimension, a 2-D factored view, a non-empty shard on every rank), else None. Decided
+    from global facts, so every rank of the group decides alike."""
+    from .came_torch import Sharding, local
+    try:
+        sharding = Sharding(p)
+    except ValueError:
+        return None
+    shape = factored_view_shape(p.shape)
+    if len(sharding.groups) != 1 or len(sharding.placements) != 1 or shape is None or len(shape) != 2:
+        return None
+    rows, world = shape[0], sharding.shard_world
+    if (world - 1) * -(-rows // world) >= rows:  # a rank would hold no rows
+        return None
+    if not factored_eligible(local(p), local(grad), block_size):
+        return None
+    return sharding.groups[0]
+
+
 def vector_eligible(p, grad):
     return (p.dim() <= 1 and 0 < p.numel() <= VECTOR_MAX_NUMEL and p.is_contiguous()
             and grad.is_contiguous() and p.dtype in KIND and grad.dtype in KIND)
@@ -223,3 +243,122 @@ class VectorBucket(_Bucket):
                                              group["eps"][0], group["clip_threshold"], P_KIND=pk,
                                              ALIGNED=aligned, BLOCK=VEC_BLOCK,
                                              num_warps=4)
+
+
+class ShardedFactoredBucket(FactoredBucket):
+    """FactoredBucket on FSDP2's dim-0 shards (DTensor local tensors): the same kernels on the local
+    rows, with the whole weights' statistics. Rows are whole on a rank; what crosses ranks is summed
+    in three all-reduces over the shard group for the whole bucket (not per tensor):
+      A. column sums of g^2 + eps1 and each tensor's sum of the new row EMA;
+      B. the residual's raw column sums (d^2, d U, U^2), each tensor's sum of U^2 (the clip) and the
+         three raw totals with the old residual row sum (the residual row mean, by linearity);
+      C. each tensor's square sum of the parameter (its RMS).
+    The kernels divide by a tensor's local row count: sums over rows are rescaled by R_local/R
+    before they reach them, so every mean is the whole tensor's."""
+
+    def __init__(self, params, states, positions, block_size, quantized, global_rows, group):
+        import torch.distributed as dist
+        self.group = group
+        self.world = dist.get_world_size(group=group)
+        super().__init__(params, states, positions, block_size, quantized)
+        dev = self.device
+        f32 = dict(dtype=torch.float32, device=dev)
+        rows = [factored_view_shape(p.shape)[0] for p in params]
+        cols = [factored_view_shape(p.shape)[1] for p in params]
+        self.R_global = torch.tensor(global_rows, **f32)
+        self.row_ratio = torch.tensor([r / g for r, g in zip(rows, global_rows)], **f32)  # R_local / R
+        self.col_ratio = self.row_ratio[self.col_tid.long()]
+        self.numel = torch.tensor([g * c for g, c in zip(global_rows, cols)], **f32)
+        self.cols_f = torch.tensor(cols, **f32)
+        meta = self.meta.clone()
+        col_off, _ = cumsum0(cols)
+        meta[:, 7] = torch.tensor(col_off, dtype=torch.int64, device=dev)  # reduced columns: one partial each
+        meta[:, 9] = 1
+        self.meta_red = meta
+        nc, n = self.ncols, len(params)
+        self.bufA = torch.empty(nc + n, **f32)
+        self.bufB = torch.empty(3 * nc + 4 * n, **f32)
+        self.bufC = torch.empty(n, **f32)
+        self.ones_segs = segments([1] * n, dev)
+
+    def _bind(self, state, key, flat, offset, numel):
+        old = state[key]
+        if not hasattr(old, "_local_tensor"):
+            return super()._bind(state, key, flat, offset, numel)
+        from torch.distributed.tensor import DTensor
+        local = old._local_tensor
+        view = flat[offset:offset + numel]
+        view.copy_(local.reshape(-1))
+        state[key] = DTensor.from_local(view.view(local.shape), old.device_mesh, old.placements, run_check=False,
+                                        shape=old.shape, stride=old.stride())
+
+    def _sum(self, buf):
+        import torch.distributed as dist
+        if self.world > 1:
+            dist.all_reduce(buf, group=self.group)
+
+    def step(self, grads, group, found_inf=None):
+        b1, b2, b3 = group["betas"]
+        eps1, eps2 = group["eps"]
+        pbase, ptab, gbase, gtab, aligned = self._tables(grads)
+        aligned = aligned and self.cols_aligned
+        flag = self._flag(found_inf)
+        n, nr, nc = len(self.params), self.nrows, self.ncols
+        pk = KIND[self.params[0].dtype]
+        tiles = (self.tiles.shape[0],)
+        small = lambda size: (cdiv1(size, SMALL_BLOCK),)  # noqa: E731
+        tile_args = dict(RC=self.rc, BR=self.br, BC=self.bc, PREFETCH=PREFETCH_REDUCE, num_warps=REDUCE_WARPS)
+        rp, cp = self.rowpart.stride(0), self.colpart.stride(0)
+        A, B = self.bufA, self.bufB
+
+        K._sq_sums_kernel[tiles](gbase, gtab, self.meta, self.tiles, self.rowpart, self.colpart, eps1,
+                                 ALIGNED=aligned, **tile_args)
+        S._ema_kernel[small(nr)](self.row, self.rinv, self.rowpart, self.row_tid, self.meta, flag, nr, b2,
+                                 AXIS=0, BLOCK=SMALL_BLOCK)
+        S._reduce_kernel[small(nc)](A, self.colpart, self.col_tid, self.meta, nc, cp, 0, AXIS=1, NCH=1,
+                                    BLOCK=SMALL_BLOCK)
+        # the row EMA is stored only when the step is not skipped: sum the value the kernels will use
+        S._segsum_kernel[(n,)](self.row, self.row_segs, A[nc:], BLOCK=SMALL_BLOCK)
+        self._sum(A)  # A: column sums, row-EMA totals
+        A[:nc].mul_(self.col_ratio)  # the kernel divides by the local row count
+        torch.mul(A[nc:], self.row_ratio, out=self.rowsum)
+        S._ema_kernel[small(nc)](self.col, self.cinv2, A, self.col_tid, self.meta_red, flag, nc, b2,
+                                 AXIS=1, BLOCK=SMALL_BLOCK)
+        # residual raw sums against last step's clip scale
+        old_res = B[3 * nc + 3 * n:]
+        S._segsum_kernel[(n,)](self.res_row, self.row_segs, old_res, BLOCK=SMALL_BLOCK)
+        K._res_sums_kernel[tiles](gbase, gtab, self.meta, self.tiles, self.rinv, self.cinv2, self.rowsum,
+                                  self.clip, self.mom, self.scales, self.rowpart, self.colpart, rp, cp,
+                                  ALIGNED=aligned, QUANT=self.quantized, SCALE_ROW=self.scale_row,
+                                  BS=self.block_size, **tile_args)
+        S._reduce_kernel[small(nr)](self.rawrow, self.rowpart, self.row_tid, self.meta, nr, rp,
+                                    self.rawrow.stride(0), AXIS=0, NCH=3, BLOCK=SMALL_BLOCK)
+        S._reduce_kernel[small(nc)](B, self.colpart, self.col_tid, self.meta, nc, cp, nc, AXIS=1, NCH=3,
+                                    BLOCK=SMALL_BLOCK)
+        for ch in range(3):  # per tensor: sum of d^2, d U, U^2 over its local rows
+            S._segsum_kernel[(n,)](self.rawrow[ch], self.row_segs, B[3 * nc + ch * n:3 * nc + (ch + 1) * n],
+                                   BLOCK=SMALL_BLOCK)
+        self._sum(B)  # B: raw column sums, raw totals, old residual row totals
+        raw_col = B[:3 * nc].view(3, nc)
+        self.rawcol.copy_(raw_col * self.col_ratio)
+        tot = B[3 * nc:3 * nc + 3 * n].view(3, n)
+        self.qsum.copy_(tot[2])
+        S._clip_kernel[small(n)](self.qsum, self.numel, self.clip, self.delta, flag, n, group["clip_threshold"],
+                                 BLOCK=SMALL_BLOCK)
+        # the residual row total, from the raw totals (linear): b3 S_old + (1 - b3) (b1^2 e / C + R eps2)
+        d = self.delta
+        e = (tot[0] + 2 * d * tot[1] + d * d * tot[2]).clamp_(min=0)
+        res_total = b3 * old_res + (1 - b3) * (b1 * b1 * e / self.cols_f + self.R_global * eps2)
+        for dst, inv, raw, tid, size, axis in ((self.res_row, self.rrinv, self.rawrow, self.row_tid, nr, 0),
+                                               (self.res_col, self.rcinv2, self.rawcol, self.col_tid, nc, 1)):
+            S._res_ema_kernel[small(size)](dst, inv, raw, raw.stride(0), tid, self.delta, self.meta, flag, size, b3,
+                                           b1 * b1, eps2, AXIS=axis, BLOCK=SMALL_BLOCK)
+        torch.mul(res_total, self.row_ratio, out=self.ressum)
+        K._update_kernel[(self.progs.shape[0],)](
+            pbase, ptab, gbase, gtab, self.meta, self.progs, self.rinv, self.cinv2, self.rowsum, self.clip, self.rrinv,
+            self.rcinv2, self.ressum, self.mom, self.scales, self.psq, self.steps, flag, group["lr"],
+            group["weight_decay"], b1, P_KIND=pk, ALIGNED=aligned, QUANT=self.quantized,
+            WIDE=self.wide, BS=self.block_size, PREFETCH=PREFETCH_UPDATE and self.nb > 1, num_warps=UPDATE_WARPS)
+        S._segsum_kernel[(n,)](self.psq, self.block_segs, self.bufC, BLOCK=SMALL_BLOCK)
+        self._sum(self.bufC)  # C: the parameters' square sums (their RMS)
+        S._finish_kernel[(n,)](self.bufC, self.ones_segs, self.numel, self.rms, self.steps, flag, BLOCK=SMALL_BLOCK)

@@ -1,0 +1,4 @@
+"""GigaTrain's import path for EMAModel and save_ema."""
+from ..ema import EMAModel, save_ema
+
+__all__ = ["EMAModel", "save_ema"]

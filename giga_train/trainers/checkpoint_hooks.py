@@ -1,0 +1,99 @@
+"""GigaTrain's checkpoint hooks of the Trainer, on our Checkpointer: when to save, what to resume from,
+loading model folders into models, the rolling limit, the saved config, the trainer's own state."""
+import json
+import logging
+import os
+
+from ..checkpoint import load_weights
+from ..errors import ConfigError
+from ..schema import checkpoint_steps
+
+log = logging.getLogger("giga_train")
+
+
+class CheckpointHooks:
+    def save_checkpoint_step(self):
+        """After every step: save when train.checkpoint_interval says (steps; epochs when training by
+        epochs, a float being a fraction of one). The last step is saved at the end of train()."""
+        every = checkpoint_steps(self.train_config, self.epoch_size)
+        if every and self.step % every == 0:
+            self.save_checkpoint()
+
+    def save_checkpoint(self):
+        """Write a checkpoint of this step (Checkpointer.save); the NaN guard settles first, so that a stop
+        comes before anything is written."""
+        self._settle_skips(wait=True)
+        self.wait_for_checkpoint()  # at most one save in flight: its error surfaces here
+        # GigaTrain's name: checkpoint_epoch_{cur_epoch}_step_{cur_step}, cur_epoch = ceil(step / epoch_size)
+        self.checkpoints.save(self.step, self.cur_epoch, self.checkpoint_meta(), self.state_dict)
+
+    def wait_for_checkpoint(self, raise_errors=True):
+        """Return once no checkpoint is being written in the background (train.checkpoint_async)."""
+        self.checkpoints.wait(raise_errors)
+
+    def resume(self, checkpoint=None):
+        """Continue from `checkpoint` (a checkpoint folder, or its name under model_dir; None: the newest
+        complete one), written by any strategy at any world size."""
+        # the newest intact checkpoint, or the one named; checksums verified (one line for a damaged file)
+        path = self.checkpoints.resume_path(True if checkpoint is None else self._checkpoint_path(checkpoint))
+        if path is None:
+            log.info("resume: no checkpoint in %s yet; starting from step 0", self.model_dir)
+            return
+        self.checkpoints.load(path, self.load_state_dict)
+        log.info("resumed from %s at step %d (epoch %d)", path, self.step, self.epoch)
+
+    def load_checkpoint(self, checkpoint, models, strict=True):
+        """Load model folders (config.json naming the class in `_class_name`, and the weights) into the
+        model among `models` of that class, as GigaTrain does between the stages of a project."""
+        if checkpoint is None:
+            return
+        folders = self.get_checkpoint(checkpoint)
+        for folder in folders if isinstance(folders, list) else [folders]:
+            config_path = os.path.join(folder, "config.json")
+            try:
+                with open(config_path) as f:
+                    class_name = json.load(f)["_class_name"]
+            except (OSError, ValueError, KeyError) as e:
+                raise ConfigError(f"{config_path}: cannot read the model's _class_name ({e})") from None
+            model = next((m for m in (models if isinstance(models, (list, tuple)) else [models])
+                          if type(m).__name__ == class_name), None)
+            if model is None:
+                raise ConfigError(f"{folder}: holds a {class_name}, and no model given is one")
+            result = model.load_state_dict(load_weights(folder), strict=strict)
+            self.print("loaded %s from %s%s", class_name, folder, "" if strict else f" ({result})")
+
+    def remove_checkpoint(self, total_limit=None):
+        """Apply the rolling limit (train.checkpoint_total_limit, or `total_limit`) to model_dir."""
+        if not self.is_main_process:
+            return
+        folders = self.checkpoints.folders
+        limit, folders.total_limit = folders.total_limit, total_limit or folders.total_limit
+        try:
+            folders.rotate()
+        finally:
+            folders.total_limit = limit
+
+    def save_config(self, config):
+        """The run's config as project_dir/config.json (main process), which load_config(project_dir) reads."""
+        if not self.is_main_process:
+            return
+        os.makedirs(self.project_dir, exist_ok=True)
+        with open(os.path.join(self.project_dir, "config.json"), "w") as f:
+            json.dump(config.to_dict() if hasattr(config, "to_dict") else dict(config), f, indent=4, default=repr)
+
+    def state_dict(self):
+        """The trainer's own state in a checkpoint (training_state.pt): scheduler, data position, step."""
+        return {"schedulers": [s.state_dict() for s in self.schedulers], "data": self._stream.state_dict(),
+                "step": self.step}
+
+    def load_state_dict(self, state):
+        for scheduler, saved in zip(self.schedulers, state.get("schedulers") or [state["scheduler"]]):
+            scheduler.load_state_dict(saved)
+        self._stream.load_state_dict(state["data"])
+        self.step = int(state["step"])
+
+    def checkpoint_meta(self):
+        """What meta.json records beside the files."""
+        return dict(step=self.step, epoch=self.epoch, samples_seen=getattr(self._stream, "samples_seen", None),
+                    world_size=self.num_processes, distributed_type=self.distributed_type,
+                    mixed_precision=self.mixed_precision, ema=self.ema is not None, config=self.config.to_dict())

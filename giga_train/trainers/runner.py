@@ -1,0 +1,164 @@
+"""What Trainer and Tester share (GigaTrain's runner surface): built by `load(config)` from the config
+section named by `SECTION`, given as keyword arguments; where the job runs; the properties a project reads;
+the logger."""
+import contextlib
+import contextvars
+import logging
+import os
+
+import torch
+
+from ..checkpoint import list_checkpoints
+from ..config import Config, load_config
+from ..distributed.env import setup_environment
+from ..errors import ConfigError
+from ..precision import AUTOCAST_DTYPES
+from ..schema import resolve_logging_dir, validate_config
+from ..tracking import text_logger
+
+log = logging.getLogger("giga_train")
+_LOADING = contextvars.ContextVar("giga_train_loading", default=None)  # the whole config, during load()
+
+
+@contextlib.contextmanager
+def loading(config):
+    """While a runner is constructed by load(): its __init__ reads the rest of the config from here (the
+    constructor takes only its own section, as GigaTrain's does)."""
+    token = _LOADING.set(config)
+    try:
+        yield
+    finally:
+        _LOADING.reset(token)
+
+
+class Runner:
+    SECTION = "train"      # the config section that holds the constructor's keyword arguments
+    OWN_KEYWORDS = ()      # GigaTrain's named constructor arguments; other keys of the section -> self.kwargs
+
+    @classmethod
+    def load(cls, config_or_path):
+        """Build the runner from a config (a dict, a file, a module path, or a project folder holding the
+        config.json a run saved) and prepare it, as GigaTrain's load does."""
+        config = load_config(config_or_path)
+        validate_config(config)
+        with loading(config):
+            runner = cls(project_dir=config.project_dir, **config.get(cls.SECTION, {}))
+        runner.prepare(**runner.prepare_arguments(config))
+        return runner
+
+    def __init__(self, project_dir, **options):
+        config = _LOADING.get()
+        if config is None:
+            raise ConfigError(f"{type(self).__name__}(...): build runners with {type(self).__name__}.load(config)"
+                              " (the config names the launch, data and models as well)")
+        self.config = config
+        self.options = Config(options)  # this runner's section as given (defaults filled by the schema)
+        self.kwargs = self.extra_options(options)
+        self.env = setup_environment(config.launch)
+        self._project_dir = os.path.normpath(project_dir)
+        self._logging_dir = resolve_logging_dir(self._project_dir, options.get("logging_dir"))
+        self.logger = text_logger(self._logging_dir, self.env.is_main, self.LOG_NAME)
+        self._dataloaders, self._models = [], []
+
+    def prepare_arguments(self, config):
+        raise NotImplementedError
+
+    def extra_options(self, options):
+        """GigaTrain's self.kwargs: the keys of this runner's section that are not its constructor's."""
+        raise NotImplementedError
+
+    # -- where the job runs ---------------------------------------------------------------------
+    @property
+    def project_dir(self):
+        return self._project_dir
+
+    @property
+    def logging_dir(self):
+        return self._logging_dir
+
+    @property
+    def model_dir(self):
+        return os.path.join(self._project_dir, "models")
+
+    @property
+    def distributed_type(self):
+        return self.config.launch.distributed_type
+
+    @property
+    def num_processes(self):
+        return self.env.world_size
+
+    @property
+    def process_index(self):
+        return self.env.rank
+
+    @property
+    def local_process_index(self):
+        return self.env.local_rank
+
+    @property
+    def is_main_process(self):
+        return self.env.is_main
+
+    @property
+    def is_local_main_process(self):
+        return self.env.local_rank == 0
+
+    @property
+    def is_last_process(self):
+        return self.env.rank == self.env.world_size - 1
+
+    @property
+    def device(self):
+        return self.env.device
+
+    @property
+    def mixed_precision(self):
+        return self.options.get("mixed_precision") or "no"
+
+    @property
+    def dtype(self):
+        """The autocast dtype (float32 without mixed precision)."""
+        return AUTOCAST_DTYPES.get(self.mixed_precision) or torch.float32
+
+    # -- what it holds --------------------------------------------------------------------------
+    @property
+    def dataloaders(self):
+        return self._dataloaders
+
+    @property
+    def dataloader(self):
+        return self._dataloaders[0]
+
+    @property
+    def models(self):
+        return self._models
+
+    @property
+    def model(self):
+        return self._models[0]
+
+    @property
+    def data_size(self):
+        return len(self.dataloader.dataset)
+
+    def get_checkpoint(self, checkpoint=None):
+        """A checkpoint folder: `checkpoint` itself (a name starting with 'checkpoint' is looked up under
+        model_dir; a list gives a list), or the newest complete one (None when there is none)."""
+        if checkpoint is None:
+            found = list_checkpoints(self.model_dir)
+            return found[-1][1] if found else None
+        paths = [self._checkpoint_path(c) for c in (checkpoint if isinstance(checkpoint, (list, tuple)) else [checkpoint])]
+        missing = [p for p in paths if not os.path.exists(p)]
+        if missing:
+            raise ConfigError(f"checkpoint {missing[0]}: no such folder")
+        return paths if isinstance(checkpoint, (list, tuple)) else paths[0]
+
+    def _checkpoint_path(self, checkpoint):
+        """A checkpoint given by name ('checkpoint_...': under model_dir) or by path."""
+        return os.path.join(self.model_dir, checkpoint) if str(checkpoint).startswith("checkpoint") else str(checkpoint)
+
+    def print(self, msg, *args, **kwargs):
+        """Log on the main process only."""
+        if self.is_main_process:
+            self.logger.info(msg, *args, **kwargs)

@@ -1,0 +1,112 @@
+"""The Tester: GigaTrain's runner for evaluation and inference. Subclass it, write get_models and test();
+`self.dataloader` gives each rank a disjoint part of `dataloaders.test` (no sample twice), `self.model` is
+what get_models returned (moved to the device)."""
+import logging
+import math
+import time
+
+import torch
+
+from ..data import build_dataset
+from ..registry import TRANSFORMS, import_object
+from ..schema import tester_kwargs
+from ..utils import as_list
+from .runner import Runner
+
+log = logging.getLogger("giga_train")
+
+TESTER_KEYWORDS = ("mixed_precision", "log_interval", "seed", "logging_dir")
+
+
+class RankShard(torch.utils.data.Sampler):
+    """Batches `rank, rank + world_size, ...` of the dataset in order, as lists of indices: every sample on
+    exactly one rank (the last batches may be smaller, or absent on some ranks)."""
+
+    def __init__(self, size, batch_size, rank, world_size):
+        self.size, self.batch_size, self.rank, self.world_size = size, batch_size, rank, world_size
+
+    def __iter__(self):
+        for start in range(self.rank * self.batch_size, self.size, self.batch_size * self.world_size):
+            yield list(range(start, min(start + self.batch_size, self.size)))
+
+    def __len__(self):
+        batches = math.ceil(self.size / self.batch_size)
+        return len(range(self.rank, batches, self.world_size))
+
+
+class _Transformed(torch.utils.data.Dataset):
+    def __init__(self, dataset, transform):
+        self.dataset, self.transform = dataset, transform
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        item = self.dataset[index]
+        return self.transform(item) if self.transform is not None else item
+
+
+class Tester(Runner):
+    """Runs the `test` part of a config. Override `get_models` and `test`."""
+    SECTION, OWN_KEYWORDS, LOG_NAME = "test", TESTER_KEYWORDS, "test.log"
+
+    def __init__(self, project_dir, **test):
+        super().__init__(project_dir, **test)
+        torch.manual_seed(self.options.get("seed", 6666))
+        self.log_interval = self.options.get("log_interval", 100)
+        self._cur_step = 0
+
+    def extra_options(self, options):
+        return tester_kwargs(options)
+
+    def prepare_arguments(self, config):
+        models = config.models
+        return dict(dataloaders=config.dataloaders.test, models=models.test if "test" in models else models)
+
+    def prepare(self, dataloaders, models):
+        self._dataloaders = as_list(self.get_dataloaders(dataloaders))
+        self._models = [m.to(self.device) if isinstance(m, torch.nn.Module) else m
+                        for m in as_list(self.get_models(models))]
+
+    def get_dataloaders(self, data_config):
+        """A DataLoader over this rank's part of the dataset, in order (no shuffling, no padding)."""
+        dataset = build_dataset(data_config.data_or_config)
+        transform = TRANSFORMS.build(data_config.transform) if data_config.get("transform") else None
+        batches = RankShard(len(dataset), data_config.get("batch_size_per_gpu", 1), self.process_index,
+                            self.num_processes)
+        collate = import_object(data_config.collate_fn) if data_config.get("collate_fn") else None
+        return torch.utils.data.DataLoader(_Transformed(dataset, transform), batch_sampler=batches,
+                                           num_workers=data_config.get("num_workers", 0), collate_fn=collate)
+
+    def get_models(self, model_config):
+        raise NotImplementedError(f"{type(self).__name__} must define get_models(self, model_config)")
+
+    def test(self):
+        raise NotImplementedError(f"{type(self).__name__} must define test(self)")
+
+    # -- GigaTrain's properties and print hooks ---------------------------------------------------
+    @property
+    def batch_size(self):
+        return self.dataloader.batch_sampler.batch_size * self.num_processes
+
+    @property
+    def epoch_size(self):
+        return len(self.dataloader)
+
+    @property
+    def cur_step(self):
+        return self._cur_step
+
+    def print_before_test(self):
+        self.logger.info("num_processes: %d, process_index: %d, data_size: %d, batch_size: %d, epoch_size: %d",
+                         self.num_processes, self.process_index, self.data_size, self.batch_size, self.epoch_size)
+        self._step_tic = self._start_tic = time.perf_counter()
+
+    def print_step(self):
+        if self.cur_step % self.log_interval == 0:
+            elapsed, self._step_tic = time.perf_counter() - self._step_tic, time.perf_counter()
+            self.logger.info("Node[%d] Step[%d/%d] time: %.3f, speed: %.3f", self.process_index, self.cur_step,
+                             self.epoch_size, elapsed, self.log_interval * self.batch_size / max(elapsed, 1e-9))
+
+    def print_after_test(self):
+        self.logger.info("Node[%d] total time: %.1f s", self.process_index, time.perf_counter() - self._start_tic)
