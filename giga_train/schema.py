@@ -28,7 +28,7 @@ class Key:
         if self.choices is not None and value not in self.choices:
             raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(repr, self.choices))}"
                               f"{did_you_mean(value, self.choices)}")
-        if self.min is not None and value < self.min:
+        if self.min is not None and value is not None and value < self.min:
             raise ConfigError(f"{path}: must be >= {self.min}, got {value!r}")
         if self.check is not None:
             message = self.check(value)
@@ -151,7 +151,7 @@ TRAIN = dict(
     checkpoint_async=Key(False, bool),  # write checkpoints in a background thread (not under DEEPSPEED)
     progress_bar=Key(True, bool),
     nan_policy=Key("skip", str, choices=("skip", "stop", "off")),  # a non-finite loss/grad norm: skip the update
-    max_nan_steps=Key(10, int, min=1),  # skipped steps in a row before the run stops (None: never)
+    max_nan_steps=Key(10, (int, type(None)), min=1),  # skipped steps in a row before the run stops (None: never)
 )
 # In GigaTrain these are not Trainer keywords: they reach the trainer's self.kwargs, so they are in ours too.
 GIGATRAIN_KWARGS = ("max_grad_norm", "grad_norm_type", "loss_nan_total_limit", "resume")
@@ -449,9 +449,7 @@ def _check_train(train, project_dir, given=()):
         raise ConfigError(f"train: set max_steps ({train.max_steps}) or max_epochs ({train.max_epochs}), not both")
     if train.checkpoint_total_limit is not None and train.checkpoint_total_limit <= 0:
         train.checkpoint_total_limit = None  # GigaTrain's -1 (and 0): keep every checkpoint
-    interval = train.checkpoint_interval
-    if interval is None and train.max_epochs is not None:
-        train.checkpoint_interval = interval = 1  # GigaTrain's default: every epoch
+    interval = train.checkpoint_interval  # None by epochs: every epoch, GigaTrain's default (checkpoint_steps)
     if interval is not None and train.max_epochs is None and interval != int(interval):
         raise ConfigError(f"train.checkpoint_interval: {interval!r} steps is not a whole number (a fraction of an"
                           " epoch needs max_epochs)")
@@ -476,7 +474,7 @@ def _check_train(train, project_dir, given=()):
     if train.activation_checkpointing and not train.activation_class_names:
         raise ConfigError("train.activation_class_names: name the module classes to checkpoint"
                           " (activation_checkpointing=True)")
-    if train.checkpoint_total_limit is not None and train.checkpoint_interval is None:
+    if train.checkpoint_total_limit is not None and train.checkpoint_interval is None and train.max_epochs is None:
         raise ConfigError("train.checkpoint_total_limit: set checkpoint_interval too")
     if isinstance(train.resume, str) and not train.resume:
         raise ConfigError("train.resume: give True, False, or a checkpoint folder")
@@ -505,8 +503,10 @@ def checkpoint_steps(train, epoch_size):
     only while checkpoint_interval < max_epochs and otherwise reads the same number as steps (max_epochs=1,
     checkpoint_interval=3: every 3 steps); here it is always epochs when training by epochs (listed difference)."""
     interval = train.checkpoint_interval
+    if interval is None and train.max_epochs is not None:
+        interval = 1  # GigaTrain's default (1): every epoch
     if interval is None:
-        return None
+        return None  # by steps: no periodic checkpoint (GigaTrain's default 1 would save every step)
     if train.max_epochs is not None:
         return max(1, int(interval * epoch_size))
     return int(interval)

@@ -198,10 +198,12 @@ def normalise_deepspeed(user, train):
     `gradient_clipping` (DeepSpeed clips) becomes train.max_grad_norm when that is unset: one value for both."""
     where = "launch.deepspeed_config"
     user = dict(user or {})
-    plugin = [k for k in user if k in DS_PLUGIN_KEYS]
-    if not plugin:
-        return user or None
+    # gradient_clipping and gradient_accumulation_steps are keys of both forms (with the same meaning)
+    shared = ("gradient_clipping", "gradient_accumulation_steps")
+    plugin = [k for k in user if k in DS_PLUGIN_KEYS and k not in shared]
     other = [k for k in user if k not in DS_PLUGIN_KEYS]
+    if not user or (other and not plugin):
+        return user or None  # an inline DeepSpeed config (our own form)
     if other:
         raise ConfigError(f"{where}.{other[0]}: unknown key{did_you_mean(other[0], DS_PLUGIN_KEYS)} (Accelerate's"
                           " keys and inline DeepSpeed JSON cannot be mixed: put DeepSpeed's own keys in the file)")

@@ -53,8 +53,9 @@ def test_gigatrain_sentinels_mean_not_set(tmp_path):
 def test_checkpoint_interval_counts_epochs_when_training_by_epochs(tmp_path):
     cfg = checked(tmp_path, max_steps=None, max_epochs=4, checkpoint_interval=0.5)
     assert cfg.train.checkpoint_interval == 0.5  # half an epoch: the trainer turns it into steps
-    cfg = checked(tmp_path, max_steps=None, max_epochs=4)
-    assert cfg.train.checkpoint_interval == 1  # GigaTrain's default: every epoch
+    cfg = checked(tmp_path, max_steps=None, max_epochs=4, checkpoint_total_limit=2)
+    assert cfg.train.checkpoint_interval is None  # GigaTrain's default: every epoch (checkpoint_steps)
+    assert checkpoint_steps(cfg.train, epoch_size=6) == 6
     cfg = checked(tmp_path, max_steps=40, checkpoint_interval=10.0)
     assert cfg.train.checkpoint_interval == 10 and isinstance(cfg.train.checkpoint_interval, int)
     refused(tmp_path, "train.checkpoint_interval: 2.5 steps is not a whole number", checkpoint_interval=2.5)
@@ -417,6 +418,10 @@ def test_deepspeed_plugin_keys_build_the_deepspeed_json():
         deepspeed_config_file="zero2.json")
     inline = dict(zero_optimization=dict(stage=1), bf16=dict(enabled="auto"))
     assert normalise_deepspeed(inline, train) == inline  # our own inline DeepSpeed form is kept
+    inline = dict(zero_optimization=dict(stage=2), gradient_clipping=1.0, gradient_accumulation_steps="auto")
+    assert normalise_deepspeed(inline, train) == inline  # keys of both forms: DeepSpeed's own keys decide
+    assert normalise_deepspeed(dict(gradient_clipping=0.5), Train(gradient_accumulation_steps=1, max_grad_norm=None)
+                               )["zero_optimization"] == dict(stage=2)  # Accelerate's form: its default stage
 
 
 @pytest.mark.parametrize("given, message", [
@@ -453,3 +458,22 @@ def test_check_cli_on_a_gigatrain_style_config(tmp_path, capsys):
     path = tmp_path / "c.py"
     path.write_text(f"config = {cfg!r}\n")
     assert main(["check", str(path)]) == 0, capsys.readouterr().err
+
+
+def test_validation_is_idempotent(tmp_path, monkeypatch):
+    """Each rank validates the launcher's already-normalised config again: the second pass changes nothing."""
+    import copy
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    cfg = checked(tmp_path, launch=dict(gpu_ids=[[0, 1], [2, 3]], main_process_ip=["a", "b"], distributed_type="fsdp",
+                                        fsdp_config=dict(version="2", sharding_strategy="SHARD_GRAD_OP",
+                                                         transformer_layer_cls_to_wrap="Block",
+                                                         activation_checkpointing="true"),
+                                        dynamo_config=dict(dynamo_backend="INDUCTOR"), enable_cpu_affinity=False),
+                  max_steps=0, max_epochs=2, checkpoint_interval=0.25, checkpoint_total_limit=-1, log_with=None,
+                  mixed_precision=None, loss_nan_total_limit=-1, grad_norm_type="inf", extra_knob=1)
+    first = copy.deepcopy(cfg)
+    validated_runners(cfg)
+    assert cfg == first
+    assert cfg.launch.fsdp_config.fsdp_reshard_after_forward is False and cfg.train.max_nan_steps is None
