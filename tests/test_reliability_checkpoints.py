@@ -64,16 +64,16 @@ def test_resuming_an_older_checkpoint_never_deletes_newer_ones(tmp_path):
     models = tmp_path / "models"
     old_ids = {s: read_meta(p)["save_id"] for s, p in list_checkpoints(str(models))}
     trainer = launch_from_config(cfg_for(tmp_path, max_steps=5, checkpoint_total_limit=1,
-                                         resume=str(models / "checkpoint_epoch_0_step_2")))
+                                         resume=str(models / "checkpoint_epoch_1_step_2")))
     assert trainer.step == 5
     # the other run's step 6 is still there, and so are its 3, 4, 5 (set aside, not replaced)
-    assert read_meta(str(models / "checkpoint_epoch_0_step_6"))["save_id"] == old_ids[6]
+    assert read_meta(str(models / "checkpoint_epoch_1_step_6"))["save_id"] == old_ids[6]
     aside = sorted(n for n in os.listdir(models) if ".superseded_" in n)
-    assert aside == [f"checkpoint_epoch_0_step_{s}.superseded_0" for s in (3, 4, 5)]
+    assert aside == [f"checkpoint_epoch_1_step_{s}.superseded_0" for s in (3, 4, 5)]
     assert [read_meta(str(models / n))["save_id"] for n in aside] == [old_ids[s] for s in (3, 4, 5)]
     # this run's own history (5 <- 4 <- 3 <- the resumed 2 <- 1) is rotated to total_limit=1
     assert steps(tmp_path) == [5, 6]
-    assert trainer.checkpoints.latest() == str(models / "checkpoint_epoch_0_step_5")  # newest by write order
+    assert trainer.checkpoints.latest() == str(models / "checkpoint_epoch_1_step_5")  # newest by write order
     assert read_meta(trainer.checkpoints.latest())["parent"] is not None
 
 
@@ -113,7 +113,7 @@ def test_rotation_of_the_managers_own_history(tmp_path):
     assert [s for s, _ in list_checkpoints(models)] == [1, 2, 4, 5, 6, 9]  # another run's never deleted
     assert ours.latest().endswith("step_6")  # by write order, not by step
     ours = CheckpointManager(models, total_limit=1)
-    ours.note_resumed(os.path.join(models, "checkpoint_epoch_0_step_2"))
+    ours.note_resumed(os.path.join(models, "checkpoint_epoch_1_step_2"))
     fake_checkpoint(models, 7, ours, finite=False)
     fake_checkpoint(models, 8, ours, finite=False)
     assert [s for s, _ in list_checkpoints(models)] == [2, 4, 5, 6, 8, 9]  # 2: the newest finite of its history
@@ -121,11 +121,11 @@ def test_rotation_of_the_managers_own_history(tmp_path):
 
 def test_garbage_in_meta_json_does_not_break_the_next_save(tmp_path):
     launch_from_config(cfg_for(tmp_path, max_steps=4, checkpoint_interval=2))
-    (tmp_path / "models" / "checkpoint_epoch_0_step_4" / "meta.json").write_text("{garbage")
+    (tmp_path / "models" / "checkpoint_epoch_1_step_4" / "meta.json").write_text("{garbage")
     trainer = launch_from_config(cfg_for(tmp_path, max_steps=6, checkpoint_interval=2, resume=True,
                                          checkpoint_total_limit=1))
     assert trainer.step == 6 and steps(tmp_path) == [6]  # resumed from 2; the damaged 4 is set aside
-    assert (tmp_path / "models" / "checkpoint_epoch_0_step_4.superseded_0" / "meta.json").read_text() == "{garbage"
+    assert (tmp_path / "models" / "checkpoint_epoch_1_step_4.superseded_0" / "meta.json").read_text() == "{garbage"
 
 
 # -- checksums ----------------------------------------------------------------------------------------
@@ -161,7 +161,7 @@ def test_a_damaged_file_falls_back_or_stops_in_one_line(two_checkpoints, tmp_pat
     import shutil
     project = tmp_path / "p"
     shutil.copytree(two_checkpoints / "models", project / "models")
-    newest = project / "models" / "checkpoint_epoch_0_step_4"
+    newest = project / "models" / "checkpoint_epoch_1_step_4"
     assert verify(str(newest)) is None
     DAMAGE[rel](str(newest / rel))
     problem = verify(str(newest))
@@ -170,7 +170,7 @@ def test_a_damaged_file_falls_back_or_stops_in_one_line(two_checkpoints, tmp_pat
     # resume=True: the newest intact checkpoint, with one warning line naming the file
     manager = CheckpointManager(str(project / "models"))
     with Warnings() as warned:
-        assert manager.resume_path(True) == str(project / "models" / "checkpoint_epoch_0_step_2")
+        assert manager.resume_path(True) == str(project / "models" / "checkpoint_epoch_1_step_2")
     assert len(warned.lines) == 1 and str(newest / rel) in warned.lines[0], warned.lines
     # an explicit path: stops, naming the file
     with pytest.raises(CorruptCheckpointError, match=str(newest / rel).replace(".", r"\.")):
@@ -187,7 +187,7 @@ def test_a_damaged_file_falls_back_or_stops_in_one_line(two_checkpoints, tmp_pat
         assert err.count("\n") == 1 and str(newest / rel) in err and "checksum mismatch" in err, err
         trainer = launch_from_config(cfg_for(project, max_steps=5, checkpoint_interval=2, resume=True))
         assert trainer.step == 5 and len(trainer.losses) == 3  # steps 3, 4, 5 after step 2
-        assert (project / "models" / "checkpoint_epoch_0_step_4.superseded_0").is_dir()  # the damaged one: kept
+        assert (project / "models" / "checkpoint_epoch_1_step_4.superseded_0").is_dir()  # the damaged one: kept
 
 
 # -- the project lock ---------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def test_a_stopped_rank_ends_the_job_in_one_line_keeping_the_checkpoints(tmp_pat
     lines = error_lines(run.stderr)
     assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert "rank 0: RuntimeError:" in lines[0] and "another rank stuck, stopped or gone" in lines[0], lines
-    assert "is 5 s" in lines[0] and lines[0].endswith("checkpoint_epoch_0_step_2"), lines
+    assert "is 5 s" in lines[0] and lines[0].endswith("checkpoint_epoch_1_step_2"), lines
     assert [s for s, _ in list_checkpoints(str(tmp_path / "run" / "models"))] == [2]
     # start-up, the 5 s limit, and no 30 s grace of the agent: the healthy rank SIGKILLs the stopped one
     assert seconds < 75, seconds
@@ -68,7 +68,7 @@ def test_sigint_to_a_ddp_job_is_one_line(tmp_path):
     assert "Traceback" not in run.stderr and "KeyboardInterrupt" not in run.stderr, run.stderr[-3000:]
     lines = error_lines(run.stderr)
     assert lines == [f"giga-train: error: stopped by SIGINT before the ranks saved a checkpoint; the newest complete"
-                     f" one is {tmp_path / 'run' / 'models' / 'checkpoint_epoch_0_step_2'}"], run.stderr[-3000:]
+                     f" one is {tmp_path / 'run' / 'models' / 'checkpoint_epoch_1_step_2'}"], run.stderr[-3000:]
 
 
 @pytest.mark.parametrize("ranks", [1, 2])

@@ -58,7 +58,7 @@ def test_real_dcp_metadata_loads_through_the_allow_list(checkpoint):
 
 
 def test_crafted_dcp_metadata_is_refused_at_resume_and_convert(checkpoint, tmp_path, capsys):
-    folder = tmp_path / "checkpoint_epoch_0_step_2"
+    folder = tmp_path / "checkpoint_epoch_1_step_2"
     shutil.copytree(checkpoint, folder)
     metadata, marker = folder / "optimizer_dcp" / ".metadata", str(tmp_path / "pwned")
     plain_pickle(metadata, marker)
@@ -105,7 +105,7 @@ def test_crafted_deepspeed_file_is_refused(tmp_path, name):
 def test_crafted_deepspeed_checkpoint_is_refused_by_convert_and_the_fallback_path(checkpoint, tmp_path, capsys):
     """A checkpoint folder that says DeepSpeed wrote it: `convert` and the cross-strategy reader
     (read_deepspeed: ZeRO-0's unpartitioned file; stages 1-3's optimizer files via the converter)."""
-    folder = tmp_path / "checkpoint_epoch_0_step_2"
+    folder = tmp_path / "checkpoint_epoch_1_step_2"
     shutil.copytree(checkpoint, folder)
     state_dir = folder / portable.DEEPSPEED_DIR / portable.DEEPSPEED_TAG
     state_dir.mkdir(parents=True)
