@@ -14,9 +14,9 @@ log = logging.getLogger("giga_train")
 class CheckpointHooks:
     def save_checkpoint_step(self):
         """After every step: save when train.checkpoint_interval says (steps; epochs when training by
-        epochs, a float being a fraction of one). The last step is saved at the end of train()."""
+        epochs, a float being a fraction of one), and at the last step, as GigaTrain does."""
         every = checkpoint_steps(self.train_config, self.epoch_size)
-        if every and self.step % every == 0:
+        if (every and self.step % every == 0) or self.step == self.max_steps:
             self.save_checkpoint()
 
     def save_checkpoint(self):
