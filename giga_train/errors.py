@@ -17,6 +17,9 @@ class CheckpointError(Exception):
     """A checkpoint (or the project_dir holding them) cannot be used as it is: one line naming the file
     or folder. Answered with exit 1; raising it changes nothing on disk."""
 
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""  # the line; further args (the folder) are for code
+
 
 class UnsafeCheckpointError(CheckpointError):
     """A pickled checkpoint file names a Python object outside the allow-list: it is not loaded."""

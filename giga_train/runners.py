@@ -27,8 +27,7 @@ def run_runners(cfg):
     runner = trainer = None
     for cls in validated_runners(cfg):
         runner = cls.load(cfg)
-        runner.print("config: %s", runner.config.to_dict())  # as load() built it (a runner may vary it)
-        if isinstance(runner, Trainer):
+        if isinstance(runner, Trainer):  # (GigaTrain also prints the whole config here: ours is in config.json)
             trainer = runner
             runner.save_config(runner.config)
             resume = runner.train_config.get("resume")

@@ -113,7 +113,7 @@ def test_rotation_of_the_managers_own_history(tmp_path):
     assert [s for s, _ in list_checkpoints(models)] == [1, 2, 4, 5, 6, 9]  # another run's never deleted
     assert ours.latest().endswith("step_6")  # by write order, not by step
     ours = CheckpointManager(models, total_limit=1)
-    ours.note_resumed(os.path.join(models, "checkpoint_epoch_1_step_2"))
+    ours.note_resumed(os.path.join(models, "checkpoint_epoch_0_step_2"))  # fake_checkpoint writes epoch 0
     fake_checkpoint(models, 7, ours, finite=False)
     fake_checkpoint(models, 8, ours, finite=False)
     assert [s for s, _ in list_checkpoints(models)] == [2, 4, 5, 6, 8, 9]  # 2: the newest finite of its history

@@ -53,7 +53,9 @@ def read_deepspeed(folder, names, param_groups):
     if not glob.glob(os.path.join(state_dir, "*optim_states.pt")):
         return _read_unpartitioned(state_dir, names, param_groups)
     from ..optimizers.came_zero import read_state_pieces
-    came = read_state_pieces(state_dir, names)  # CAME8Bit keeps its own pieces (no universal form)
+    rank_states = [torch_load(path)["optimizer_state_dict"]
+                   for path in sorted(glob.glob(os.path.join(state_dir, "*optim_states.pt")))]
+    came = read_state_pieces(rank_states, names, state_dir)  # CAME8Bit keeps its own pieces (no universal form)
     if came is not None:
         groups = _groups_by_name(param_groups, _saved_inner_state(state_dir)["param_groups"], names)
         return None, dict(state=came, param_groups=groups)

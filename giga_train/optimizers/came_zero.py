@@ -511,15 +511,12 @@ def _encode(m, absmax, pc, bs):
     return qmap.encode(m * inv[_block_index(pc, bs, m.device)])
 
 
-def read_state_pieces(state_dir, names):
-    """{name: whole-tensor state} from the per-rank optimizer files of a DeepSpeed checkpoint that
-    CAME8Bit wrote in pieces, or None when its files hold no CAME8Bit pieces."""
-    import glob
-    import os
-    paths = sorted(glob.glob(os.path.join(state_dir, "*optim_states.pt")))
+def read_state_pieces(rank_states, names, where):
+    """{name: whole-tensor state} from the per-rank optimizer states of a DeepSpeed checkpoint (each file's
+    `optimizer_state_dict`, read by the caller) that CAME8Bit wrote in pieces, or None when they hold no
+    CAME8Bit pieces. `where`: the folder, for the message."""
     pieces = {}
-    for path in paths:
-        saved = torch.load(path, map_location="cpu", weights_only=False)["optimizer_state_dict"]
+    for saved in rank_states:
         inner = saved.get("base_optimizer_state") or saved.get("optimizer_state_dict")
         if not isinstance(inner, dict):
             return None
@@ -533,6 +530,6 @@ def read_state_pieces(state_dir, names):
     out = {}
     for name, shape in names:
         if name not in pieces:
-            raise FileNotFoundError(f"{state_dir}: no CAME8Bit state for parameter '{name}'")
+            raise FileNotFoundError(f"{where}: no CAME8Bit state for parameter '{name}'")
         out[name] = full_state_from_pieces(pieces[name], shape)
     return out
