@@ -5,12 +5,12 @@ from .blocks import class_name_problem
 from .checks import refuse_nan
 from .compile import check_dynamo_config
 from .config import Config
-from .errors import ConfigError, RegistryError
+from .errors import ConfigError
 from .fp8 import check_fp8_config
-from .registry import (DATASETS, OPTIMIZERS, SAMPLERS, STRATEGIES, TRANSFORMS, TYPE_KEYS, check_call_arguments,
-                       did_you_mean, import_object)
+from .registry import OPTIMIZERS, SAMPLERS, STRATEGIES, TRANSFORMS, did_you_mean, import_object
 from .schedulers import SCHEDULERS
 from .schema_accelerate import check_cluster_key, dynamo_from_launch, normalise_deepspeed, normalise_fsdp
+from .schema_data import check_built as _check_built, check_data as _check_data
 
 REQUIRED = object()
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
@@ -596,57 +596,3 @@ def _check_loader(where, loader, required=True, open_keys=False):
             import_object(loader.collate_fn)
         except Exception as e:
             raise ConfigError(f"{where}.collate_fn: cannot import '{loader.collate_fn}': {e}") from None
-
-
-def _check_data(where, data):
-    """GigaTrain's data_or_config: a dataset folder, dict(_class_name=...), a list of those, or a Dataset."""
-    if isinstance(data, str):
-        return  # a giga_datasets folder: opened when the dataloader is built
-    if isinstance(data, dict):
-        _check_built(where, DATASETS, data, giga_datasets="dataset")
-    elif isinstance(data, (list, tuple)):
-        if not data:
-            raise ConfigError(f"{where}: an empty list names no dataset")
-        for i, one in enumerate(data):
-            if isinstance(one, (list, tuple)):
-                raise ConfigError(f"{where}[{i}]: expected a folder, a dict or a Dataset, not a nested list")
-            _check_data(f"{where}[{i}]", one)
-    elif not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
-        raise ConfigError(f"{where}: expected a dataset folder, dict(_class_name=...), a list of them or a"
-                          f" map-style Dataset, got {type(data).__name__}")
-
-
-def _check_built(where, registry, cfg, supplied=(), giga_datasets=None):
-    """A registered name and the arguments its class takes. With `giga_datasets` ('dataset' or 'sampler'), a name
-    our registry lacks may be one of giga_datasets' (GigaTrain's data companion, when installed): GigaTrain looks
-    `_class_name` up in its dataset registry (the class's load(config) takes the whole dict) and registers its
-    samplers in SAMPLERS."""
-    if not any(k in cfg for k in TYPE_KEYS):
-        raise ConfigError(f"{where}: needs 'type' naming one of {', '.join(registry.names())}")
-    name = next(cfg[k] for k in TYPE_KEYS if k in cfg)
-    if giga_datasets and isinstance(name, str) and name not in registry and "." not in name:
-        cls = _giga_datasets_class(name, giga_datasets)
-        if cls is not None:
-            if giga_datasets == "sampler":
-                kwargs = {k: v for k, v in cfg.items() if k not in TYPE_KEYS}
-                try:
-                    check_call_arguments(cls, kwargs, supplied, what=f"giga_datasets.{name}")
-                except RegistryError as e:
-                    raise ConfigError(f"{where}: {e}") from None
-            return
-    try:
-        registry.check_arguments(cfg, supplied)
-    except RegistryError as e:
-        raise ConfigError(f"{where}: {e}") from None
-
-
-def _giga_datasets_class(name, kind):
-    """giga_datasets' dataset (by its registry) or sampler `name`, or None (not there, or not installed)."""
-    try:
-        import giga_datasets
-        if kind == "dataset":
-            from giga_datasets.datasets.dataset import DATASETS as registered
-            return registered.get(name)
-    except Exception:  # not installed, or its own imports fail: our registries alone answer
-        return None
-    return getattr(giga_datasets, name, None)

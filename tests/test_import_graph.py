@@ -12,7 +12,7 @@ LAYERS = [
     ["errors"],
     ["config", "registry", "module_dict", "precision", "blocks", "utils", "ssh", "checks"],
     # distributed.deepspeed_config: a pure config resolver (the schema checks DeepSpeed JSON with it)
-    ["schema", "schema_accelerate", "compile", "fp8", "ema", "schedulers", "optimizers", "data", "tracking",
+    ["schema", "schema_accelerate", "schema_data", "compile", "fp8", "ema", "schedulers", "optimizers", "data", "tracking",
      "distributed.deepspeed_config",
      "strategies"],  # giga_train.strategies: GigaTrain's import paths for EMAModel & co.
     ["checkpoint"],
