@@ -202,6 +202,13 @@ def check_call_arguments(fn, kwargs, supplied=(), what=None):
                and n not in kwargs and n not in supplied and n != "self"]
     if missing:
         raise RegistryError(f"{what or fn.__name__} needs argument '{missing[0]}'")
+    for key, value in kwargs.items():  # a string where the default is a number, a flag or a tuple: a typo
+        default = params[key].default if key in params else None
+        if isinstance(value, str) and isinstance(default, (bool, int, float, tuple, list)):
+            kind = "true/false" if isinstance(default, bool) else "a number" if isinstance(default, (int, float)) \
+                else "a list"
+            raise RegistryError(f"{what or fn.__name__} argument '{key}' takes {kind} (default {default!r}),"
+                                f" got the string {value!r}")
 
 
 TRANSFORMS = Registry("transform")

@@ -270,6 +270,10 @@ def validate_config(cfg):
     imported runner objects (that each is a runner class is checked a layer up, in runners.py)."""
     if not isinstance(cfg, dict):
         raise ConfigError(f"config: expected a dict, got {type(cfg).__name__}")
+    for name, spec in SECTIONS.items():  # a section given as anything but a dict: one line, not a traceback
+        if isinstance(spec, dict) and cfg.get(name) is not None and not isinstance(cfg[name], dict):
+            raise ConfigError(f"{name}: expected a dict (the {name} section), got {type(cfg[name]).__name__}"
+                              f" {cfg[name]!r}")
     launch_in = dict(cfg.get("launch") or {})
     if not isinstance(cfg.get("launch", {}), (dict, type(None))):
         raise ConfigError(f"launch: expected a dict, got {type(cfg['launch']).__name__}")

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from ..errors import ConfigError
 from ..registry import DATASETS, SAMPLERS, TRANSFORMS, import_object
 from .samplers import DefaultSampler
 
@@ -71,6 +72,15 @@ class DataStream:
         6666 by default), and is given GigaTrain's `batch_size`: the global batch of one optimizer step
         (batch_size_per_gpu * world_size * accumulation), which DefaultSampler pads each epoch to."""
         self.dataset = build_dataset(cfg.data_or_config)
+        if len(self.dataset) == 0:
+            raise ConfigError("dataloaders.train.data_or_config: the dataset is empty (0 samples)")
+        global_batch = cfg.batch_size_per_gpu * world_size * accumulation
+        # A global batch above the dataset is padded with repeats (GigaTrain's DefaultSampler); one 100x
+        # above it is a typo, whose padded epoch would not fit in memory.
+        if global_batch > 100 * len(self.dataset):
+            raise ConfigError(f"dataloaders.train.batch_size_per_gpu: a global batch of {global_batch} samples"
+                              f" ({cfg.batch_size_per_gpu} x {world_size} ranks x {accumulation} accumulation) is"
+                              f" over 100 times the dataset ({len(self.dataset)} samples)")
         transform = TRANSFORMS.build(cfg.transform) if cfg.transform else None
         sampler_cfg = dict(cfg.sampler or dict(type="DefaultSampler"))
         cls, kwargs = SAMPLERS.resolve(sampler_cfg)
