@@ -1,6 +1,6 @@
 """Optimizer step time, state bytes/param and 8-bit trajectory drift, ours beside the anchors.
 
-    python bench/optimizers.py                          # CUDA, GPU.md's 308M set
+    python bench/optimizers.py                          # CUDA, the 308M set (6 Llama-like layers, d=2048)
     python bench/optimizers.py --device cpu --size tiny # a quick CPU run
     python bench/optimizers.py --sharded                # CAME8Bit under FSDP2 and ZeRO-2 at one rank
     python bench/optimizers.py --sharded --device cpu --size tiny   # its CPU smoke run
@@ -9,7 +9,7 @@ Anchors: torch AdamW (fused, foreach), came-pytorch CAME (fp32), GigaTrain's pub
 re-created from its description (min-max codes in blocks of `block_size` *rows*, re-quantized in a
 Python loop), bitsandbytes AdamW8bit when importable. Step time: CUDA events around >= 5 steps
 after warm-up (wall clock on CPU). Drift: |theta_8bit - theta_fp32| / |theta_fp32 - theta_0| after
-30 steps of heavy-tailed gradients whose rows differ 1000x in scale (GPU.md's definition).
+30 steps of heavy-tailed gradients (Student-t, df=2) whose rows differ 1000x in scale.
 """
 import argparse
 import gc

@@ -65,7 +65,7 @@ def test_1x1_conv_is_factored_as_its_matrix(came_pytorch):
 
 
 def heavy_tailed_grads(shape, steps, seed=0):
-    """GPU.md's drift setting: Student-t (df=2) noise, rows 1000x apart in scale."""
+    """The drift setting of bench/optimizers.py: Student-t (df=2) noise, rows 1000x apart in scale."""
     gen = torch.Generator().manual_seed(seed)
     rows = torch.logspace(0, 3, shape[0])[torch.randperm(shape[0], generator=gen)]
     torch.manual_seed(seed)

@@ -71,7 +71,7 @@ def _worker(rank, world, port, out_path, backend="auto"):
             torch.save(dict(params=params, optim=optim, codes=codes, kinds=kinds), out_path)
     finally:
         dist.destroy_process_group()
-    os._exit(0)  # gloo threads can abort the interpreter's shutdown (CPU.md)
+    os._exit(0)  # gloo threads can abort the interpreter's shutdown (SIGABRT after all work is done)
 
 
 def _free_port():
