@@ -12,7 +12,7 @@ import torch
 
 from ..registry import OPTIMIZERS
 from .kernels import use_kernels
-from .kernels.came_torch import local
+from .kernels.dtensors import local
 from .kernels.multi_tensor import advance_steps
 from .kernels.state_io import load_state_keep_dtypes
 

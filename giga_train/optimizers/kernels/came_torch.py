@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from . import qmap, rounding
+from .dtensors import is_dtensor, local  # noqa: F401  (came_torch.local: the callers' name for it)
 
 try:
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -31,13 +32,6 @@ def factored_view_shape(shape):
         return shape[:2]
     return shape
 
-
-def is_dtensor(t):
-    return DTensor is not None and isinstance(t, DTensor)
-
-
-def local(t):
-    return t._local_tensor if is_dtensor(t) else t
 
 
 class Sharding:
