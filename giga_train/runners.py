@@ -1,6 +1,7 @@
 """The runners a config names (`runners`): validated with the config, then run in order in each rank, as
 GigaTrain's run_tasks does: load, print the config, and for a Trainer save config.json, resume when asked
 (or after an elastic restart), train; for a Tester, test."""
+import contextlib
 import os
 
 from .errors import ConfigError
@@ -27,17 +28,29 @@ def run_runners(cfg):
     runner = trainer = None
     for cls in validated_runners(cfg):
         runner = cls.load(cfg)
-        if isinstance(runner, Trainer):  # (GigaTrain also prints the whole config here: ours is in config.json)
+        try:
+            _run(runner)
+        except BaseException:
+            with contextlib.suppress(Exception):  # this process may run another job (tests, notebooks)
+                runner.abandon()
+            raise
+        if isinstance(runner, Trainer):
             trainer = runner
-            runner.save_config(runner.config)
-            resume = runner.train_config.get("resume")
-            if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
-                resume = resume or True  # the elastic agent restarted us: continue from the newest checkpoint
-            if resume:
-                runner.resume(None if resume is True else resume)
-            runner.train()
             if runner.preempted:
                 break  # the job was asked to stop: the rerun resumes this runner
-        else:
-            runner.test()
     return trainer or runner
+
+
+def _run(runner):
+    """One runner, as GigaTrain's run_tasks runs it (GigaTrain also prints the whole config first: ours is in
+    project_dir/config.json)."""
+    if not isinstance(runner, Trainer):
+        runner.test()
+        return
+    runner.save_config(runner.config)
+    resume = runner.train_config.get("resume")
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        resume = resume or True  # the elastic agent restarted us: continue from the newest checkpoint
+    if resume:
+        runner.resume(None if resume is True else resume)
+    runner.train()

@@ -19,7 +19,7 @@ def reference_python():
 def run_script(python, script, cases=None, cwd=None):
     """The script's JSON output; run from a folder outside the repository so that `giga_train`
     is whatever that interpreter has installed (ours: the editable install)."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT")}
     env["PYTHONPATH"] = ROOT if python == sys.executable else ""
     proc = subprocess.run([python, os.path.join(ROOT, "tests", "reference", script)],
                           input=json.dumps(cases) if cases is not None else "", capture_output=True, text=True,

@@ -94,8 +94,9 @@ def init_process_group(env, launch=None):
     if dist.is_initialized():
         _add_cpu_group(env, launch)  # a group someone else made (e.g. the user, with NCCL)
         return
-    if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
-        import socket
+    own_address = env.world_size == 1 and "MASTER_ADDR" not in os.environ
+    if own_address:  # a fresh port for each one-rank group, given only to this init (never left in os.environ,
+        import socket  # where a later group or a child process would reuse a port still held or in TIME_WAIT)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -111,7 +112,12 @@ def init_process_group(env, launch=None):
                               is_master=not agent_store and env.rank == 0)
         extra["store"] = dist.PrefixStore(f"giga_train/attempt_{restart}", store)
     env.timeout = collective_timeout(launch)
-    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=env.timeout, **extra)
+    try:
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=env.timeout, **extra)
+    finally:
+        if own_address:
+            os.environ.pop("MASTER_ADDR", None)
+            os.environ.pop("MASTER_PORT", None)
     _add_cpu_group(env, launch)
 
 

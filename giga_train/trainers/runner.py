@@ -43,8 +43,17 @@ class Runner:
         validate_config(config)
         with loading(config):
             runner = cls(project_dir=config.project_dir, **config.get(cls.SECTION, {}))
-        runner.prepare(**runner.prepare_arguments(config))
+        try:
+            runner.prepare(**runner.prepare_arguments(config))
+        except BaseException:
+            with contextlib.suppress(Exception):  # the error being raised is the one to report
+                runner.abandon()
+            raise
         return runner
+
+    def abandon(self):
+        """After an error: release what the runner opened (a process group, the engine's environment), so
+        that this process can run another job."""
 
     def __init__(self, project_dir, **options):
         config = _LOADING.get()

@@ -415,6 +415,9 @@ class Trainer(CheckpointHooks, Runner):
         """Settle the NaN guard's pending steps (NanGuard.settle); never waits unless `wait`."""
         self.nan_guard.settle(self.step, wait, self._scheduler_rewind.settled)
 
+    def abandon(self):
+        self.strategy.close()
+
     def _finish(self):
         self.wait_for_checkpoint()
         loss = getattr(self, "last_metrics", {}).get("total_loss")

@@ -56,7 +56,8 @@ def record(scenario, workdir, python=None, timeout=600, allow_failure=False):
     out = os.path.join(workdir, '%s.json' % scenario)
     proc = subprocess.run([python, RECORD, '--scenario', scenario, '--workdir', os.path.join(workdir, scenario),
                            '--out', out], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, env={k: v for k, v in os.environ.items() if k != 'PYTHONPATH'})
+                          timeout=timeout, env={k: v for k, v in os.environ.items()
+                                              if k not in ('PYTHONPATH', 'MASTER_ADDR', 'MASTER_PORT')})
     if not os.path.exists(out) or (proc.returncode != 0 and not allow_failure):
         raise RuntimeError('recording %r under %s failed (exit %d):\n%s'
                            % (scenario, python, proc.returncode, proc.stdout[-6000:]))

@@ -101,6 +101,12 @@ class DeepSpeedStrategy(Strategy):
         for key in getattr(self, "_added_env", []):
             os.environ.pop(key, None)
         super().close()
+        # DeepSpeed caches the groups it made in module globals; with ours destroyed they would be stale for
+        # a later run in this process ("Group ... is not registered"): drop them, as its own destroy does.
+        from deepspeed.utils import groups
+        release = getattr(groups, "_release_process_group_references", None)
+        if release is not None:
+            release(None)
 
     # -- state --------------------------------------------------------------------------------
     def model_state_dict(self):
