@@ -275,8 +275,6 @@ def validate_config(cfg):
             raise ConfigError(f"{name}: expected a dict (the {name} section), got {type(cfg[name]).__name__}"
                               f" {cfg[name]!r}")
     launch_in = dict(cfg.get("launch") or {})
-    if not isinstance(cfg.get("launch", {}), (dict, type(None))):
-        raise ConfigError(f"launch: expected a dict, got {type(cfg['launch']).__name__}")
     cluster = _pop_cluster_keys(launch_in)
     cfg["launch"] = Config(launch_in)
     given_train = set(cfg.get("train") or ())
