@@ -134,7 +134,7 @@ def test_kill_9_while_an_async_write_is_in_flight_resumes_from_the_previous_chec
     path = tmp_path / "cfg.py"
     path.write_text(f"config = {cfg!r}\n")
     run = subprocess.run([sys.executable, "-m", "giga_train", "train", str(path)], capture_output=True, text=True,
-                         env={**os.environ, "GT_KILL": "inflight:4"}, timeout=300)
+                         env={**os.environ, "GT_KILL": "inflight:4"}, timeout=600)
     assert run.returncode == -9, run.stderr[-2000:]
     models = tmp_path / "killed" / "models"
     assert [s for s, _ in list_checkpoints(str(models))] == [2]  # 4 was in flight: never renamed into place
