@@ -100,7 +100,7 @@ class Trainer(CheckpointHooks, Runner):
             self._optimizers = as_list(self.get_optimizers(optimizers))
             return self._optimizers[0] if len(self._optimizers) == 1 else OptimizerGroup(self._optimizers)
 
-        self._models[0], self.engine_optimizer = parallelize(
+        self._models[0], _ = parallelize(  # the engine's optimizer (one, or an OptimizerGroup) is the strategy's
             self._models[0], self.strategy, train, self.config.launch.fsdp_config, make_optimizers,
             checkpoint=lambda model: self.apply_activation_checkpointing([model]),
             float8=lambda model: self.apply_fp8([model]))
@@ -222,11 +222,6 @@ class Trainer(CheckpointHooks, Runner):
         return max_steps if max_steps > 0 else self.train_config.max_epochs * self.epoch_size
 
     @property
-    def by_epoch(self):
-        """Whether the run is measured in epochs (train.max_epochs set): checkpoint_interval counts epochs."""
-        return not self.train_config.max_steps and bool(self.train_config.max_epochs)
-
-    @property
     def cur_step(self):
         """GigaTrain's step counter: the step being computed (1-based) inside a step, else the steps done."""
         return self.step + 1 if self._stepping else self.step
@@ -247,10 +242,6 @@ class Trainer(CheckpointHooks, Runner):
     @property
     def world_size(self):
         return self.num_processes
-
-    @property
-    def is_main(self):
-        return self.is_main_process
 
     # -- the loop -------------------------------------------------------------------------------
     def train(self):
