@@ -8,8 +8,8 @@ Other tensors keep fp32 state. On CUDA the step is a few fused Triton launches w
 (kernels/came_bucket.py); elsewhere it is vectorised torch (kernels/came_torch.py) computing the
 same function. Under sharding the statistics are the whole tensor's:
 - FSDP2 (DTensor dim-0 shards): on CUDA the same kernels on the local rows with three bucketed
-  all-reduces over the shard group (came_bucket.ShardedFactoredBucket); the torch path elsewhere
-  and for 1-D shards.
+  all-reduces over the shard group (came_bucket.ShardedFactoredBucket), and on 1-D shards with one
+  (ShardedVectorBucket); the torch path elsewhere.
 - DeepSpeed ZeRO-1/2/3 and its bf16 wrappers (flat 1-D partitions): after deepspeed.initialize the
   strategy calls bind_deepspeed; whole weights inside a partition are stepped as in one process
   (views, kernels on CUDA), weights cut across ranks in torch with three bucketed all-reduces
@@ -67,6 +67,7 @@ class CAME8Bit(torch.optim.Optimizer):
         self.backend = "auto"
         self._state_version = 0
         self._buckets = {}
+        self._shard_groups = {}  # id(DTensor param) -> its shard group for the kernels, or None
         self._zero = {}  # id(flat partition) -> came_zero.FlatLayout, under DeepSpeed
         self._views = {}
         super().__init__(params, defaults)
@@ -206,11 +207,18 @@ class CAME8Bit(torch.optim.Optimizer):
         if not use_kernels(self.backend, came_torch.local(p)):
             return None
         from .kernels import came_bucket
-        if came_torch.is_dtensor(p):  # FSDP2 shards: the kernels on the local rows, statistics all-reduced
-            group = came_bucket.sharded_eligible(p, g, self.block_size) if "exp_avg_sq_row" in state else None
+        if came_torch.is_dtensor(p):  # FSDP2 shards: the kernels on the local rows, whole-tensor sums all-reduced
+            if id(p) not in self._shard_groups:  # DTensor facts cost ~0.1 ms a tensor: once, not every step
+                self._shard_groups[id(p)] = came_bucket.shard_group(p)
+            group, lp, lg = self._shard_groups[id(p)], came_torch.local(p), came_torch.local(g)
             if group is None:
                 return None
-            return ("sharded", p.dtype, g.dtype, "exp_avg_codes" in state, came_torch.local(p).device, group)
+            if "exp_avg_sq_row" in state and len(came_torch.factored_view_shape(p.shape)) == 2 \
+                    and came_bucket.factored_eligible(lp, lg, self.block_size):
+                return ("sharded", p.dtype, g.dtype, "exp_avg_codes" in state, lp.device, group)
+            if "exp_avg_sq" in state and p.dim() == 1 and came_bucket.vector_eligible(lp, lg):
+                return ("sharded_vector", p.dtype, g.dtype, False, lp.device, group)
+            return None
         if "exp_avg_sq_row" in state and came_bucket.factored_eligible(p, g, self.block_size):
             return ("factored", p.dtype, g.dtype, "exp_avg_codes" in state, p.device)
         if "exp_avg_sq" in state and came_bucket.vector_eligible(p, g):
@@ -231,6 +239,9 @@ class CAME8Bit(torch.optim.Optimizer):
             rows = [factored_rows(p.shape) for p in params]
             bucket = came_bucket.ShardedFactoredBucket([came_torch.local(p) for p in params], states, positions,
                                                        self.block_size, kind[3], rows, kind[5])
+        elif kind[0] == "sharded_vector":
+            bucket = came_bucket.ShardedVectorBucket([came_torch.local(p) for p in params], states, positions,
+                                                     [p.numel() for p in params], kind[5])
         elif kind[0] == "factored":
             bucket = came_bucket.FactoredBucket(params, states, positions, self.block_size, kind[3])
         else:

@@ -38,22 +38,20 @@ def factored_eligible(p, grad, block_size):
             and grad.dtype in KIND and kernel_block_size_ok(block_size))
 
 
-def sharded_eligible(p, grad, block_size):
-    """The shard group when a DTensor parameter can take ShardedFactoredBucket (FSDP2: dim-0 shards
-    on one mesh dimension, a 2-D factored view, a non-empty shard on every rank), else None. Decided
-    from global facts, so every rank of the group decides alike."""
-    from .came_torch import Sharding, local
+def shard_group(p):
+    """The shard group when a DTensor parameter can take a bucket on shards (FSDP2: dim-0 shards on
+    one mesh dimension, a non-empty shard on every rank), else None. Decided from global facts only,
+    so every rank of the group decides alike; the optimizer keeps the answer per parameter."""
+    from .came_torch import Sharding
     try:
         sharding = Sharding(p)
     except ValueError:
         return None
+    if len(sharding.groups) != 1 or len(sharding.placements) != 1 or p.dim() == 0:
+        return None
     shape = factored_view_shape(p.shape)
-    if len(sharding.groups) != 1 or len(sharding.placements) != 1 or shape is None or len(shape) != 2:
-        return None
-    rows, world = shape[0], sharding.shard_world
+    rows, world = (p.shape[0] if shape is None else shape[0]), sharding.shard_world
     if (world - 1) * -(-rows // world) >= rows:  # a rank would hold no rows
-        return None
-    if not factored_eligible(local(p), local(grad), block_size):
         return None
     return sharding.groups[0]
 
@@ -235,17 +233,63 @@ class VectorBucket(_Bucket):
                                   dtype=torch.int64, device=dev)
 
     def step(self, grads, group, found_inf=None):
+        self._launch(grads, group, found_inf, self.no_flag, phase=0)
+
+    def _launch(self, grads, group, found_inf, sums, phase):
         b1, b2, _ = group["betas"]
         pbase, ptab, gbase, gtab, aligned = self._tables(grads)
         pk = KIND[self.params[0].dtype]
         K._vector_kernel[(len(self.params),)](pbase, ptab, gbase, gtab, self.vmeta, self.v, self.m, self.rms, self.steps,
-                                             self._flag(found_inf), group["lr"], group["weight_decay"], b1, b2,
-                                             group["eps"][0], group["clip_threshold"], P_KIND=pk,
-                                             ALIGNED=aligned, BLOCK=VEC_BLOCK,
+                                             self._flag(found_inf), sums, group["lr"], group["weight_decay"], b1,
+                                             b2, group["eps"][0], group["clip_threshold"], P_KIND=pk,
+                                             ALIGNED=aligned, BLOCK=VEC_BLOCK, PHASE=phase,
                                              num_warps=4)
 
 
-class ShardedFactoredBucket(FactoredBucket):
+class _OnShards:
+    """What the buckets on FSDP2's DTensor shards share: state entries that stay DTensors (views of
+    the flat buffers, so checkpoints reshard them as before) and sums over the shard group."""
+
+    def _bind(self, state, key, flat, offset, numel):
+        old = state[key]
+        if not hasattr(old, "_local_tensor"):
+            return super()._bind(state, key, flat, offset, numel)
+        from torch.distributed.tensor import DTensor
+        local = old._local_tensor
+        view = flat[offset:offset + numel]
+        view.copy_(local.reshape(-1))
+        state[key] = DTensor.from_local(view.view(local.shape), old.device_mesh, old.placements, run_check=False,
+                                        shape=old.shape, stride=old.stride())
+
+    def _sum(self, buf):
+        import torch.distributed as dist
+        if self.world > 1:
+            dist.all_reduce(buf, group=self.group)
+
+
+class ShardedVectorBucket(_OnShards, VectorBucket):
+    """VectorBucket on FSDP2's 1-D shards (biases, norm weights): each rank's elements are updated
+    where they live; the clip and the RMS need the whole tensor's sums of u^2 and p^2, which cross
+    ranks in one all-reduce for the bucket between the kernel's two phases."""
+
+    def __init__(self, params, states, positions, global_numels, group):
+        import torch.distributed as dist
+        self.group = group
+        self.world = dist.get_world_size(group=group)
+        super().__init__(params, states, positions)
+        n = len(params)
+        self.sums = torch.empty(3 * n, dtype=torch.float32, device=self.device)
+        self.global_numel = torch.tensor(global_numels, dtype=torch.float32, device=self.device)
+
+    def step(self, grads, group, found_inf=None):
+        self._launch(grads, group, found_inf, self.sums, phase=1)
+        n = len(self.params)
+        self._sum(self.sums[:2 * n])
+        self.sums[2 * n:].copy_(self.global_numel)
+        self._launch(grads, group, found_inf, self.sums, phase=2)
+
+
+class ShardedFactoredBucket(_OnShards, FactoredBucket):
     """FactoredBucket on FSDP2's dim-0 shards (DTensor local tensors): the same kernels on the local
     rows, with the whole weights' statistics. Rows are whole on a rank; what crosses ranks is summed
     in three all-reduces over the shard group for the whole bucket (not per tensor):
@@ -280,22 +324,6 @@ class ShardedFactoredBucket(FactoredBucket):
         self.bufB = torch.empty(3 * nc + 4 * n, **f32)
         self.bufC = torch.empty(n, **f32)
         self.ones_segs = segments([1] * n, dev)
-
-    def _bind(self, state, key, flat, offset, numel):
-        old = state[key]
-        if not hasattr(old, "_local_tensor"):
-            return super()._bind(state, key, flat, offset, numel)
-        from torch.distributed.tensor import DTensor
-        local = old._local_tensor
-        view = flat[offset:offset + numel]
-        view.copy_(local.reshape(-1))
-        state[key] = DTensor.from_local(view.view(local.shape), old.device_mesh, old.placements, run_check=False,
-                                        shape=old.shape, stride=old.stride())
-
-    def _sum(self, buf):
-        import torch.distributed as dist
-        if self.world > 1:
-            dist.all_reduce(buf, group=self.group)
 
     def step(self, grads, group, found_inf=None):
         b1, b2, b3 = group["betas"]

@@ -292,10 +292,13 @@ def _update_kernel(P_BASE, P_OFF, G_BASE, G_OFF, META, PROGS, RINV, CINV2, ROWSU
 
 
 @triton.jit
-def _vector_kernel(P_BASE, P_OFF, G_BASE, G_OFF, VMETA, V, M, RMS, STEP, FLAG, lr, wd, b1, b2, eps1, clip,
-                   P_KIND: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
+def _vector_kernel(P_BASE, P_OFF, G_BASE, G_OFF, VMETA, V, M, RMS, STEP, FLAG, SUMS, lr, wd, b1, b2, eps1, clip,
+                   P_KIND: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr, PHASE: tl.constexpr):
     """Unfactored CAME (1-D tensors): one program per tensor, two sweeps (the RMS clip needs the
-    whole tensor before the momentum update); the program also advances the tensor's step."""
+    whole tensor before the momentum update); the program also advances the tensor's step.
+    PHASE 0 does both sweeps. On shards (FSDP2) the whole tensor's sums cross ranks between them:
+    PHASE 1 writes each tensor's local sums of u^2 and p^2 to SUMS[2k], SUMS[2k+1]; after they are
+    all-reduced, PHASE 2 reads them (and the whole tensor's numel from SUMS[2n + k]) and updates."""
     k = tl.program_id(0)
     n = tl.load(VMETA + 4 * k)
     off = tl.load(VMETA + 4 * k + 1)
@@ -306,37 +309,48 @@ def _vector_kernel(P_BASE, P_OFF, G_BASE, G_OFF, VMETA, V, M, RMS, STEP, FLAG, l
         key = 0
     p_ptr = offset_ptr(P_BASE, P_OFF, k, ALIGNED)
     g_ptr = offset_ptr(G_BASE, G_OFF, k, ALIGNED)
-    acc_u = tl.zeros([BLOCK], dtype=tl.float32)
-    acc_p = tl.zeros([BLOCK], dtype=tl.float32)
-    for o in range(0, n, BLOCK):
-        offs = o + tl.arange(0, BLOCK)
-        mask = offs < n
-        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        v = tl.load(V + off + offs, mask=mask, other=1.0)
-        v = v * b2 + (g * g + eps1) * (1.0 - b2)
-        u = tl.math.rsqrt(v) * g
-        acc_u += tl.where(mask, u * u, 0.0)
-        p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        acc_p += p * p
-    nf = n.to(tl.float32)
-    scale = tl.maximum(tl.sqrt(tl.sum(acc_u, axis=0) / nf) / clip, 1.0)
-    if ok:
-        tl.store(RMS + k, tl.sqrt(tl.sum(acc_p, axis=0) / nf))
-    for o in range(0, n, BLOCK):
-        offs = o + tl.arange(0, BLOCK)
-        mask = offs < n
-        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        v = tl.load(V + off + offs, mask=mask, other=1.0)
-        v = v * b2 + (g * g + eps1) * (1.0 - b2)  # recomputed: V is only written here
-        u = (tl.math.rsqrt(v) * g) / scale
-        m = tl.load(M + off + offs, mask=mask, other=0.0)
-        m = m * b1 + u * (1.0 - b1)
-        p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        p = p + p * (-wd * lr)
-        p = p - m * lr
+    if PHASE == 2:
+        sum_u = tl.load(SUMS + 2 * k)
+        sum_p = tl.load(SUMS + 2 * k + 1)
+        nf = tl.load(SUMS + 2 * tl.num_programs(0) + k)
+    else:
+        acc_u = tl.zeros([BLOCK], dtype=tl.float32)
+        acc_p = tl.zeros([BLOCK], dtype=tl.float32)
+        for o in range(0, n, BLOCK):
+            offs = o + tl.arange(0, BLOCK)
+            mask = offs < n
+            g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            v = tl.load(V + off + offs, mask=mask, other=1.0)
+            v = v * b2 + (g * g + eps1) * (1.0 - b2)
+            u = tl.math.rsqrt(v) * g
+            acc_u += tl.where(mask, u * u, 0.0)
+            p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            acc_p += p * p
+        sum_u = tl.sum(acc_u, axis=0)
+        sum_p = tl.sum(acc_p, axis=0)
+        nf = n.to(tl.float32)
+    if PHASE == 1:
+        tl.store(SUMS + 2 * k, sum_u)
+        tl.store(SUMS + 2 * k + 1, sum_p)
+    else:
+        scale = tl.maximum(tl.sqrt(sum_u / nf) / clip, 1.0)
         if ok:
-            tl.store(V + off + offs, v, mask=mask)
-            tl.store(M + off + offs, m, mask=mask)
-            Q.store_param(p_ptr, offs, mask, p, key, P_KIND)
-    if ok:
-        tl.store(STEP + k, tl.load(STEP + k) + 1.0)
+            tl.store(RMS + k, tl.sqrt(sum_p / nf))
+        for o in range(0, n, BLOCK):
+            offs = o + tl.arange(0, BLOCK)
+            mask = offs < n
+            g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            v = tl.load(V + off + offs, mask=mask, other=1.0)
+            v = v * b2 + (g * g + eps1) * (1.0 - b2)  # recomputed: V is only written here
+            u = (tl.math.rsqrt(v) * g) / scale
+            m = tl.load(M + off + offs, mask=mask, other=0.0)
+            m = m * b1 + u * (1.0 - b1)
+            p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            p = p + p * (-wd * lr)
+            p = p - m * lr
+            if ok:
+                tl.store(V + off + offs, v, mask=mask)
+                tl.store(M + off + offs, m, mask=mask)
+                Q.store_param(p_ptr, offs, mask, p, key, P_KIND)
+        if ok:
+            tl.store(STEP + k, tl.load(STEP + k) + 1.0)
