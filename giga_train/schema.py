@@ -317,7 +317,22 @@ def validate_config(cfg):
                 if not isinstance(entry, dict):
                     raise ConfigError(f"{where}[{i}]: expected a dict with 'type', got {type(entry).__name__}")
                 _check_built(f"{where}[{i}]", registry, entry, supplied=supplied)
+    _check_optimizer_layout(cfg)
     return classes
+
+
+def _check_optimizer_layout(cfg):
+    """FSDP1 hands the optimizer each weight's shard as a flat 1-D view: an optimizer that factors 2-D
+    weights (CAME8Bit) would silently keep unfactored fp32 state there, so refuse it up front."""
+    if cfg.launch.distributed_type != "FSDP" or cfg.launch.fsdp_config.fsdp_version != 1:
+        return
+    entries = [cfg.optimizers] if isinstance(cfg.optimizers, dict) else list(cfg.optimizers)
+    for i, entry in enumerate(entries):
+        cls, _ = OPTIMIZERS.resolve(entry)
+        refusal = getattr(cls, "FSDP1_REFUSAL", None)
+        if refusal:
+            where = "optimizers" if isinstance(cfg.optimizers, dict) else f"optimizers[{i}]"
+            raise ConfigError(f"{where}.type={cls.__name__}: {refusal}")
 
 
 def _overrides(cls, method):

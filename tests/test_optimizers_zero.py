@@ -252,3 +252,28 @@ def test_check_accepts_what_train_accepts(tmp_path, capsys, strategy, precision)
     if strategy.startswith("ZeRO-"):
         import torch
         CAME8Bit.check_zero_compatible(int(strategy[5:]), torch.bfloat16 if precision == "bf16" else torch.float32)
+
+
+def test_fsdp1_refused_by_check_and_by_train(tmp_path, capsys):
+    """FSDP1 shows the optimizer flat 1-D shards: CAME8Bit would silently keep unfactored fp32 state.
+    `check` refuses it from the config, and the strategy refuses it when a trainer's own
+    get_optimizers builds it (past anything check can see)."""
+    from giga_train import launch_from_config
+    from giga_train.cli import main
+    from giga_train.errors import ConfigError
+    from tests.distributed import job
+    fsdp1 = dict(fsdp_config=dict(fsdp_version=1))
+    cfg = job(tmp_path / "a", "FSDP", ranks=1, launch=fsdp1)
+    cfg["optimizers"] = dict(CAME)
+    path = tmp_path / "cfg.py"
+    path.write_text(f"config = {cfg!r}\n")
+    assert main(["check", str(path)]) != 0
+    assert "optimizers.type=CAME8Bit: FSDP1 hands the optimizer flat 1-D shards" in capsys.readouterr().err
+    cfg = job(tmp_path / "b", "FSDP", ranks=1, launch=fsdp1)
+    cfg["runners"] = ["tests.tiny.SplitOptimizerTrainer"]
+    with pytest.raises(ConfigError, match="optimizer CAME8Bit: FSDP1 hands the optimizer flat 1-D shards"):
+        launch_from_config(cfg)
+    cfg = job(tmp_path / "c", "FSDP", ranks=1, launch=dict(fsdp_config=dict(fsdp_version=2)))
+    cfg["optimizers"] = dict(CAME)
+    path.write_text(f"config = {cfg!r}\n")
+    assert main(["check", str(path)]) == 0, capsys.readouterr().err

@@ -72,6 +72,10 @@ class CAME8Bit(torch.optim.Optimizer):
         self._views = {}
         super().__init__(params, defaults)
 
+    # FSDP1 (use_orig_params) shows the optimizer each weight's shard as a flat 1-D view: no 2-D shape to factor
+    FSDP1_REFUSAL = ("FSDP1 hands the optimizer flat 1-D shards, which would make its factored 8-bit state "
+                     "unfactored fp32 (8 B/param); use fsdp_version=2 or DeepSpeed ZeRO")
+
     @classmethod
     def check_zero_compatible(cls, stage, dtype=torch.float32):
         """For the DeepSpeed strategy: every ZeRO stage and precision works (came_zero.py), given

@@ -27,6 +27,10 @@ class FSDP1Strategy(FSDP2Strategy):
             mixed_precision=MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else None,
             device_id=self.device)
         self.optimizer = make_optimizer(self.model)
+        for opt in getattr(self.optimizer, "optimizers", [self.optimizer]):  # an OptimizerGroup holds several
+            refusal = getattr(type(opt), "FSDP1_REFUSAL", None)
+            if refusal:  # a trainer's own get_optimizers can reach here past `check`
+                raise ConfigError(f"optimizer {type(opt).__name__}: {refusal}")
         return self.model, self.optimizer
 
     def unwrap(self):
