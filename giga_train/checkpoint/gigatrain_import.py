@@ -8,8 +8,8 @@ GigaTrain saves through Accelerate's save_state (one process or DDP). A folder h
   `model.safetensors` (or `pytorch_model.bin`) at the folder's root;
 - `optimizer.bin`, `optimizer_1.bin`, ...: each optimizer's torch state_dict, its state keyed by the
   parameter's position in its param groups; `scheduler.bin`, `scheduler_1.bin`, ...: LambdaLR's state;
-- `random_states_R.pkl` per process (python, numpy, torch RNG) and `custom_checkpoint_0.pkl`, the
-  Trainer's state_dict ({"step": S}).
+- `random_states_R.pkl` per process (python, numpy, torch RNG), `custom_checkpoint_0.pkl`, the
+  Trainer's state_dict ({"step": S}), and under fp16 `scaler.pt` (the GradScaler's state).
 Every pickled file is read through the allow-list (safe_unpickle): tensors, numbers, strings, and for
 the RNG file numpy's uint32 arrays. The data position is not in the folder: GigaTrain derives it from the
 step (its resume sets the sampler's epoch and skips the epoch's consumed batches), and so does this.
@@ -38,7 +38,7 @@ from .safe_unpickle import numpy_array_globals, torch_load
 
 log = logging.getLogger("giga_train")
 
-TRAINER_STATE, EMA_CONFIG = "custom_checkpoint_0.pkl", "ema_config.json"
+TRAINER_STATE, EMA_CONFIG, SCALER = "custom_checkpoint_0.pkl", "ema_config.json", "scaler.pt"
 MARKERS = (TRAINER_STATE, "random_states_0.pkl", "optimizer.bin", "scheduler.bin")
 ACCELERATE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 FOLDER_WEIGHTS = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
@@ -57,6 +57,7 @@ class GigaTrainState:
     ema_weights: dict = None   # the average, full state dict keys; None when the folder holds none
     ema_step: int = None
     rng: dict = None           # state.set_rng_state's form; None when the file is missing or refused
+    precision: dict = None     # Precision.load_state_dict's form (fp16's loss scaler, Accelerate's scaler.pt)
 
 
 def is_gigatrain_checkpoint(folder):
@@ -95,7 +96,7 @@ def read_gigatrain_checkpoint(folder, layout, optimizers, members=None, rank=0, 
     return GigaTrainState(folder=folder, weights=_read_weights(folder, members),
                           optimizer=_read_optimizers(folder, names, groups, optimizers),
                           training_state=training_state, ema_weights=ema_weights, ema_step=ema_step,
-                          rng=_read_rng(folder, rank))
+                          rng=_read_rng(folder, rank), precision=_read_scaler(folder))
 
 
 # -- files --------------------------------------------------------------------------------------------
@@ -186,11 +187,19 @@ def _read_rng(folder, rank):
         kind, keys, pos, has_gauss, cached = saved["numpy_random_seed"]
         state = dict(python=(version, tuple(internal), gauss), torch=saved["torch_manual_seed"],
                      numpy=(kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached)))
+        if "torch_cuda_manual_seed" in saved:  # a GPU run: every device's generator
+            state["cuda"] = saved["torch_cuda_manual_seed"]
     except Exception as e:  # the RNG is not worth failing the resume for; weights and optimizer are
         log.warning("resume: %s: the random states are not restored (%s); they continue from this run's seed",
                     os.path.join(folder, name), str(e).splitlines()[0] if str(e) else type(e).__name__)
         return None
     return state
+
+
+def _read_scaler(folder):
+    if not os.path.isfile(os.path.join(folder, SCALER)):
+        return None
+    return dict(scaler=_load(folder, SCALER))
 
 
 # -- optimizer state ----------------------------------------------------------------------------------

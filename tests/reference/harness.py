@@ -70,7 +70,7 @@ def _environment(python):
     """The recorder's environment: nothing of the caller's path or rendezvous; for ours (not the reference
     venv) this checkout on the path, so that a worktree records its own giga_train, not the installed one."""
     env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'MASTER_ADDR', 'MASTER_PORT')}
-    if os.path.realpath(python) != os.path.realpath(os.path.join(VENV, 'bin', 'python')):
+    if os.path.abspath(python) != os.path.abspath(os.path.join(VENV, 'bin', 'python')):
         env.update(PYTHONPATH=ROOT, RECORD_KEEP_PYTHONPATH='1')
     return env
 
