@@ -251,8 +251,8 @@ def _is_gigatrain_came(entry):
 def _convert(entry, shape, came, where):
     """One parameter's saved state in our optimizer's form, shapes checked."""
     if _is_gigatrain_came(entry) != (came is not None):
-        raise ConfigError(f"train.resume: {where}: GigaTrain's state is {'CAME8Bit' if came is None else 'not CAME8Bit'}"
-                          f"'s and this run steps it with {'another optimizer' if came is None else 'CAME8Bit'}:"
+        theirs, ours = ("CAME8Bit", "another optimizer") if came is None else ("another optimizer", "CAME8Bit")
+        raise ConfigError(f"train.resume: {where}: GigaTrain stepped it with {theirs}, this run with {ours}:"
                           " give the optimizer the GigaTrain run had")
     if came is not None:
         return _came_state(entry, shape, came, where)

@@ -148,8 +148,9 @@ _LOCK = threading.RLock()  # torch's safe-globals list is process-wide
 
 
 # numpy's RNG state as Accelerate pickles it (random_states_R.pkl): an array rebuilt from its raw bytes and
-# its dtype (uint32, the MT19937 key), as Accelerate's own load allows. Rebuilding an array calls no other code; an object array's
-# items would be unpickled through this same allow-list. numpy 1.x files name numpy.core, 2.x numpy._core.
+# its dtype (uint32, the MT19937 key), as Accelerate's own load allows. Rebuilding an array calls no other
+# code; an object array's items would be unpickled through this same allow-list. numpy 1.x files name
+# numpy.core, 2.x numpy._core.
 def numpy_array_globals():
     import numpy as np
     reconstruct = np._core.multiarray._reconstruct if hasattr(np, "_core") else np.core.multiarray._reconstruct

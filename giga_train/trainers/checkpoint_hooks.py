@@ -5,7 +5,8 @@ import logging
 import os
 
 from ..checkpoint import load_weights, set_rng_state
-from ..checkpoint.gigatrain_import import is_gigatrain_checkpoint, latest_gigatrain_checkpoint, read_gigatrain_checkpoint
+from ..checkpoint.gigatrain_import import (is_gigatrain_checkpoint, latest_gigatrain_checkpoint,
+                                            read_gigatrain_checkpoint)
 from ..errors import ConfigError
 from ..schema import checkpoint_steps
 

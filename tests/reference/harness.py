@@ -57,8 +57,8 @@ def record(scenario, workdir, python=None, timeout=600, allow_failure=False, res
     out = os.path.join(workdir, '%s.json' % scenario)
     extra = ['--resume-from', os.path.abspath(resume_from)] if resume_from else []
     proc = subprocess.run([python, RECORD, '--scenario', scenario, '--workdir', os.path.join(workdir, scenario),
-                           '--out', out] + extra, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, env=_environment(python))
+                           '--out', out] + extra, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout, env=_environment(python))
     if not os.path.exists(out) or (proc.returncode != 0 and not allow_failure):
         raise RuntimeError('recording %r under %s failed (exit %d):\n%s'
                            % (scenario, python, proc.returncode, proc.stdout[-6000:]))
