@@ -1,13 +1,14 @@
 """A run of the real GigaTrain 1.1 continued under giga-train (issue 16, items 3 and 4): GigaTrain trains the
-tiny client (tests/reference/ref_client) 8 steps keeping every checkpoint; its folder of step 3 (mid-epoch)
-is put into a fresh project of ours, which resumes (train.resume=True, as a job moved over) and trains to 8.
+tiny client (tests/reference/ref_client) to the end; one of its checkpoint folders (RESUME) is put into a
+fresh project of ours, which resumes (train.resume=True, as a job moved over) and trains to the end.
 
-With AdamW, steps 4-8 are GigaTrain's own: the same samples, the same lr exactly, losses and final weights
-within 1e-6 relative (the two venvs run torch 2.14.1 and 2.13.0; on this CPU they agree to the last bit).
-With CAME8Bit the two implementations differ in how they keep the first moment (GigaTrain: min-max 8-bit
-blocks of rows; ours: signed square-root codes in blocks of elements), so: step 4 (taken with the imported
-weights) is GigaTrain's, later losses are within 1e-2 relative, and the converted state is GigaTrain's
-within our code's resolution. Bad folders give one line naming the file."""
+With AdamW (also with EMA and accumulation) the remaining steps are GigaTrain's own: the same samples, the
+same lr exactly, losses and final weights within 1e-6 relative (the two venvs run torch 2.14.1 and 2.13.0;
+on this CPU they agree to the last bit). With CAME8Bit the two implementations differ in how they keep the
+first moment (GigaTrain: min-max 8-bit blocks of rows; ours: signed square-root codes in blocks of
+elements), so: the first step (taken with the imported weights) is GigaTrain's, later losses are within
+1e-2 relative, and the converted state is GigaTrain's within our code's resolution. Bad folders give one
+line naming the file."""
 import json
 import logging
 import os
@@ -28,22 +29,32 @@ from giga_train.optimizers.kernels import qmap
 from tests.reference import harness
 from tests.reference.ref_client.models import Encoder, Head
 
-# scenario -> the GigaTrain checkpoint ours resumes from (epochs_ema: EMA, accumulation 2, safetensors)
-RESUME_AT = {"keep_all": "checkpoint_epoch_1_step_3", "keep_all_came8bit": "checkpoint_epoch_1_step_3",
-             "epochs_ema": "checkpoint_epoch_2_step_5"}
-SCENARIOS = tuple(RESUME_AT)
+# ours (a scenario of tests/reference/record.py) -> (the GigaTrain run whose folder it resumes from, that
+# folder, the GigaTrain run it must continue). `main` and `epochs_ema` are the session's reference runs.
+RESUME = {
+    "keep_all": ("main", "checkpoint_epoch_1_step_6", "main"),  # AdamW; keep_all is main without the Tester
+    "keep_all_came8bit": ("keep_all_came8bit", "checkpoint_epoch_1_step_3", "keep_all_came8bit"),  # mid-epoch
+    "epochs_ema": ("epochs_ema", "checkpoint_epoch_2_step_5", "epochs_ema"),  # EMA, accumulation 2, mid-epoch
+}
+SCENARIOS = tuple(RESUME)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """{scenario: (GigaTrain's uninterrupted run, ours resumed from its checkpoint RESUME_AT, work folders)}."""
-    ref_work, our_work = tmp_path_factory.mktemp("gigatrain-migrate-ref"), tmp_path_factory.mktemp("migrate-ours")
-    harness.reference_python()
+def runs(reference_docs, reference_workdir, tmp_path_factory):
+    """{ours: (GigaTrain's uninterrupted run, ours resumed from GigaTrain's folder, GigaTrain's work folder
+    (its projects), ours)}."""
+    came_work, our_work = tmp_path_factory.mktemp("gigatrain-came8bit"), tmp_path_factory.mktemp("migrate-ours")
+    refs = dict(reference_docs, keep_all_came8bit=harness.record("keep_all_came8bit", came_work))
+    works = dict.fromkeys(reference_docs, reference_workdir) | dict(keep_all_came8bit=came_work)
+
+    def resumed(ours):
+        source, folder, _ = RESUME[ours]
+        return harness.record(ours, our_work, python=sys.executable,
+                              resume_from=checkpoint(works[source], source, folder))
+
     with ThreadPoolExecutor(max_workers=2) as pool:
-        refs = dict(zip(SCENARIOS, pool.map(lambda s: harness.record(s, ref_work), SCENARIOS)))
-        ours = dict(zip(SCENARIOS, pool.map(lambda s: harness.record(
-            s, our_work, python=sys.executable, resume_from=checkpoint(ref_work, s, RESUME_AT[s])), SCENARIOS)))
-    return {s: (refs[s], ours[s], ref_work, our_work) for s in SCENARIOS}
+        mine = dict(zip(SCENARIOS, pool.map(resumed, SCENARIOS)))
+    return {s: (refs[RESUME[s][2]], mine[s], works[RESUME[s][0]], our_work) for s in SCENARIOS}
 
 
 def checkpoint(work, scenario, name):
@@ -66,7 +77,7 @@ def close(a, b, rtol):
 def test_the_resumed_run_takes_gigatrains_steps(runs, scenario):
     ref, ours, _, _ = runs[scenario]
     expected, got = steps(ref), steps(ours)
-    first = int(RESUME_AT[scenario].rsplit("_", 1)[1]) + 1
+    first = int(RESUME[scenario][1].rsplit("_", 1)[1]) + 1
     assert sorted(got) == list(range(first, max(expected) + 1))  # continued from the checkpoint's step
     for step, mine in got.items():
         theirs = expected[step]
@@ -83,7 +94,7 @@ def test_adamw_final_weights_are_gigatrains(runs):
     _, _, ref_work, our_work = runs["keep_all"]
     final = "checkpoint_epoch_2_step_8"
     theirs = {f"{member}.{k}": v for member in ("encoder", "head") for k, v in torch.load(
-        os.path.join(checkpoint(ref_work, "keep_all", final), member, "diffusion_pytorch_model.bin"),
+        os.path.join(checkpoint(ref_work, "main", final), member, "diffusion_pytorch_model.bin"),
         weights_only=True).items()}
     mine, _ = read_state(checkpoint(our_work, "keep_all", final))
     assert sorted(mine) == sorted(theirs)
@@ -103,7 +114,7 @@ def layout(model, optimizer):
 
 def test_came8bit_state_is_gigatrains_within_our_code_resolution(runs):
     _, _, ref_work, _ = runs["keep_all_came8bit"]
-    folder = checkpoint(ref_work, "keep_all_came8bit", RESUME_AT["keep_all_came8bit"])
+    folder = checkpoint(ref_work, "keep_all_came8bit", RESUME["keep_all_came8bit"][1])
     model = client_model()
     ours = CAME8Bit(model.parameters(), lr=0.01, weight_decay=0.01, min_8bit_size=16)
     state = read_gigatrain_checkpoint(folder, layout(model, ours), [ours], members=["encoder", "head"])
@@ -230,7 +241,7 @@ def test_ema_and_accelerates_root_weights_are_read(runs):
     """GigaTrain with EMA: the live weights are Accelerate's model.safetensors, the average <member>_ema/."""
     from safetensors.torch import load_file
     _, _, ref_work, _ = runs["epochs_ema"]
-    folder = checkpoint(ref_work, "epochs_ema", RESUME_AT["epochs_ema"])
+    folder = checkpoint(ref_work, "epochs_ema", RESUME["epochs_ema"][1])
     model = client_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     state = read_gigatrain_checkpoint(folder, layout(model, optimizer), [optimizer], members=["encoder", "head"])
@@ -245,21 +256,21 @@ def test_ema_and_accelerates_root_weights_are_read(runs):
 
 
 def test_a_resume_path_to_a_gigatrain_folder_continues_it(runs, tmp_path, monkeypatch):
-    """`train.resume: <GigaTrain's folder>` in a fresh project (in this process): ours trains steps 4-6 and
-    its step-6 weights are GigaTrain's; GigaTrain's folder is left as it was."""
+    """`train.resume: <GigaTrain's folder>` in a fresh project (in this process): ours trains steps 7-8 and
+    its step-8 weights are GigaTrain's; GigaTrain's folder is left as it was."""
     from giga_train import launch_from_config
     from tests.reference import record
     _, _, ref_work, _ = runs["keep_all"]
-    folder = checkpoint(ref_work, "keep_all", RESUME_AT["keep_all"])
-    before = sorted(os.listdir(folder))
+    folder = checkpoint(ref_work, "main", RESUME["keep_all"][1])
+    before = {name: os.path.getmtime(os.path.join(folder, name)) for name in os.listdir(folder)}
     monkeypatch.syspath_prepend(record.HERE)  # the client's package, as record.py puts it on the path
     cfg = record.base_config(str(tmp_path / "project"))
     cfg["runners"] = cfg["runners"][:1]
-    cfg["train"].update(max_steps=6, resume=folder)
+    cfg["train"]["resume"] = folder
     trainer = launch_from_config(cfg)
-    assert trainer.step == 6 and sorted(os.listdir(folder)) == before
-    mine, _ = read_state(os.path.join(str(tmp_path), "project", "models", "checkpoint_epoch_1_step_6"))
-    theirs = checkpoint(ref_work, "keep_all", "checkpoint_epoch_1_step_6")
+    assert trainer.step == 8 and {n: os.path.getmtime(os.path.join(folder, n)) for n in os.listdir(folder)} == before
+    mine, _ = read_state(os.path.join(str(tmp_path), "project", "models", "checkpoint_epoch_2_step_8"))
+    theirs = checkpoint(ref_work, "main", "checkpoint_epoch_2_step_8")
     for member in ("encoder", "head"):
         saved = torch.load(os.path.join(theirs, member, "diffusion_pytorch_model.bin"), weights_only=True)
         for k, v in saved.items():
