@@ -275,3 +275,25 @@ def test_a_resume_path_to_a_gigatrain_folder_continues_it(runs, tmp_path, monkey
         saved = torch.load(os.path.join(theirs, member, "diffusion_pytorch_model.bin"), weights_only=True)
         for k, v in saved.items():
             torch.testing.assert_close(mine[f"{member}.{k}"], v, rtol=1e-6, atol=0)
+
+
+def test_came8bit_state_of_a_wide_convolution_becomes_our_factors():
+    """GigaTrain's CAME8Bit keeps a whole second moment for a 3x3 convolution (its form, as its step writes
+    it: step an int, RMS, exp_avg and exp_avg_sq full tensors), ours its row/column factors: they are its
+    means, and our optimizer steps on from the converted state."""
+    from giga_train.checkpoint.gigatrain_import import _came_state
+    conv = torch.nn.Conv2d(3, 4, 3)
+    torch.manual_seed(1)
+    theirs = dict(step=5, RMS=torch.tensor(0.2), exp_avg=torch.randn(4, 3, 3, 3) * 1e-2,
+                  exp_avg_sq=torch.rand(4, 3, 3, 3) * 1e-4)
+    ours = CAME8Bit([conv.weight], lr=0.01)
+    state = _came_state(theirs, tuple(conv.weight.shape), (ours.block_size, ours.min_8bit_size), "conv")
+    torch.testing.assert_close(state["exp_avg_sq_row"], theirs["exp_avg_sq"].mean(dim=-1), rtol=1e-6, atol=0)
+    torch.testing.assert_close(state["exp_avg_sq_col"], theirs["exp_avg_sq"].mean(dim=-2), rtol=1e-6, atol=0)
+    assert torch.equal(state["exp_avg"], theirs["exp_avg"]) and float(state["step"]) == 5
+    ours.state[conv.weight] = state
+    before = conv.weight.detach().clone()
+    conv(torch.randn(2, 3, 5, 5)).square().mean().backward()
+    ours.step()
+    assert float(ours.state[conv.weight]["step"]) == 6 and torch.isfinite(conv.weight).all()
+    assert not torch.equal(conv.weight, before)

@@ -90,7 +90,10 @@ def read_gigatrain_checkpoint(folder, layout, optimizers, members=None, rank=0, 
                               " per optimizer)")
     step = int(_load(folder, TRAINER_STATE)["step"])
     names, groups = layout
-    training_state = dict(step=step, schedulers=_numbered(folder, "scheduler"),
+    schedulers = _numbered(folder, "scheduler")
+    if not schedulers:  # GigaTrain builds one scheduler per optimizer, and Accelerate saves each
+        _load(folder, "scheduler.bin")  # the one line saying it is missing
+    training_state = dict(step=step, schedulers=schedulers,
                           data=data_position(step) if data_position is not None else None)
     ema_weights, ema_step = _read_ema(folder, members)
     return GigaTrainState(folder=folder, weights=_read_weights(folder, members),
