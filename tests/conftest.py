@@ -11,7 +11,7 @@ if ROOT not in sys.path:
 # Test modules that compare with the real GigaTrain 1.1.0: they run last, so that the reference venv (built
 # in the background by `make test`, or on first use) is ready by the time they need it.
 REFERENCE_MODULES = ("test_reference_sanity", "test_gigatrain_differential", "test_schedulers", "test_ema",
-                     "test_api_exports", "test_data")
+                     "test_api_exports", "test_data", "test_gigatrain_migration")
 
 
 def pytest_collection_modifyitems(items):
@@ -25,13 +25,19 @@ def _in_repo_root(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def reference_docs(tmp_path_factory):
+def reference_workdir(tmp_path_factory):
+    """Where reference_docs' runs wrote their projects: `<scenario>/project/` (checkpoints, logs)."""
+    return tmp_path_factory.mktemp("gigatrain-reference")
+
+
+@pytest.fixture(scope="session")
+def reference_docs(reference_workdir):
     """The tiny GigaTrain client (tests/reference) recorded under the real GigaTrain 1.1.0, every scenario,
     once per session (the venv is built from the registry on first use)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from tests.reference import harness
-    work = tmp_path_factory.mktemp("gigatrain-reference")
+    work = reference_workdir
     harness.reference_python()
     with ThreadPoolExecutor(max_workers=2) as pool:  # each scenario is its own subprocess(es)
         futures = {s: pool.submit(harness.record, s, work) for s in harness.SCENARIOS}

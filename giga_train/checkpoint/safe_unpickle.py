@@ -147,9 +147,20 @@ def _deepspeed_safe_globals():
 _LOCK = threading.RLock()  # torch's safe-globals list is process-wide
 
 
+# numpy's RNG state as Accelerate pickles it (random_states_R.pkl): an array rebuilt from its raw bytes and
+# its dtype (uint32, the MT19937 key), as Accelerate's own load allows. Rebuilding an array calls no other
+# code; an object array's items would be unpickled through this same allow-list. numpy 1.x files name
+# numpy.core, 2.x numpy._core.
+def numpy_array_globals():
+    import numpy as np
+    reconstruct = np._core.multiarray._reconstruct if hasattr(np, "_core") else np.core.multiarray._reconstruct
+    return [(reconstruct, "numpy._core.multiarray._reconstruct"), (reconstruct, "numpy.core.multiarray._reconstruct"),
+            np.ndarray, np.dtype, type(np.dtype(np.uint32))]  # the MT19937 key array's dtype class
+
+
 @contextlib.contextmanager
-def _safe_globals():
-    with _LOCK, torch.serialization.safe_globals(list(_deepspeed_safe_globals())):
+def _safe_globals(extra=()):
+    with _LOCK, torch.serialization.safe_globals(list(_deepspeed_safe_globals()) + list(extra)):
         yield
 
 
@@ -158,11 +169,12 @@ UNSUPPORTED = re.compile(r"Unsupported global: GLOBAL ([\w.]+)|Trying to call re
                          r"(\S+)|Unsupported class ([\w.]+)")
 
 
-def torch_load(path, map_location="cpu", **kwargs):
-    """torch.load(path) through the allow-list (weights_only=True plus DeepSpeed's few classes)."""
+def torch_load(path, map_location="cpu", extra_globals=(), **kwargs):
+    """torch.load(path) through the allow-list (weights_only=True plus DeepSpeed's few classes, plus
+    `extra_globals`, e.g. numpy_array_globals() for a file known to hold numpy arrays)."""
     kwargs.pop("weights_only", None)
     kwargs.pop("pickle_module", None)
-    with _safe_globals():
+    with _safe_globals(extra_globals):
         try:
             return _ORIGINAL_LOAD(path, map_location=map_location, weights_only=True, **kwargs)
         except pickle.UnpicklingError as e:
@@ -201,5 +213,5 @@ def _first_line(e):
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
-__all__ = ["SafeFileSystemReader", "UnsafeCheckpointError", "load_dcp", "load_metadata", "safe_torch_loads",
-           "torch_load"]
+__all__ = ["SafeFileSystemReader", "UnsafeCheckpointError", "load_dcp", "load_metadata", "numpy_array_globals",
+           "safe_torch_loads", "torch_load"]

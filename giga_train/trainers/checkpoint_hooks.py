@@ -4,7 +4,9 @@ import json
 import logging
 import os
 
-from ..checkpoint import load_weights
+from ..checkpoint import load_weights, set_rng_state
+from ..checkpoint.gigatrain_import import (is_gigatrain_checkpoint, latest_gigatrain_checkpoint,
+                                            read_gigatrain_checkpoint)
 from ..errors import ConfigError
 from ..schema import checkpoint_steps
 
@@ -33,14 +35,54 @@ class CheckpointHooks:
 
     def resume(self, checkpoint=None):
         """Continue from `checkpoint` (a checkpoint folder, or its name under model_dir; None: the newest
-        complete one), written by any strategy at any world size."""
+        complete one), written by any strategy at any world size, or by the real GigaTrain 1.1."""
+        named = None if checkpoint is None else self._checkpoint_path(checkpoint)
+        if named is None and self.checkpoints.latest() is None:  # none of ours: a GigaTrain job moved here?
+            named = latest_gigatrain_checkpoint(self.model_dir)
+        if named is not None and is_gigatrain_checkpoint(named):
+            return self.resume_gigatrain(named)
         # the newest intact checkpoint, or the one named; checksums verified (one line for a damaged file)
-        path = self.checkpoints.resume_path(True if checkpoint is None else self._checkpoint_path(checkpoint))
+        path = self.checkpoints.resume_path(True if named is None else named)
         if path is None:
             log.info("resume: no checkpoint in %s yet; starting from step 0", self.model_dir)
             return
         self.checkpoints.load(path, self.load_state_dict)
         log.info("resumed from %s at step %d (epoch %d)", path, self.step, self.epoch)
+
+    def resume_gigatrain(self, folder):
+        """Continue a run of the real GigaTrain 1.1 from its checkpoint `folder` (gigatrain_import.py):
+        weights, optimizer state (CAME8Bit's converted), schedulers, step, the data position the step
+        gives, EMA and RNG, through the same strategy calls as our own checkpoints."""
+        from ..module_dict import ModuleDict
+        self.wait_for_checkpoint()
+        module, strategy = self.unwrapped_model, self.strategy
+        state = read_gigatrain_checkpoint(
+            folder, strategy.optimizer_layout(), self.optimizers,
+            members=list(module.keys()) if isinstance(module, ModuleDict) else None, rank=self.process_index,
+            data_position=self._data_position)
+        strategy.load_model_state(state.weights, self.train_config.checkpoint_strict)
+        if state.optimizer is not None:
+            strategy.load_full_state(None, state.optimizer)
+        self.load_state_dict(state.training_state)
+        if self.ema is not None:
+            if state.ema_weights is None:
+                log.warning("resume: %s holds no EMA (GigaTrain ran without with_ema); the average starts from"
+                            " the weights", folder)
+            self.ema.load_state_dict(state.ema_weights or state.weights, state.ema_step)
+        if state.precision is not None and getattr(strategy, "precision", None) is not None:
+            strategy.precision.load_state_dict(state.precision)
+        if state.rng is not None:
+            set_rng_state(state.rng)
+        log.info("resumed GigaTrain's checkpoint %s at step %d (epoch %d)", folder, self.step, self.epoch)
+
+    def _data_position(self, step):
+        """The data stream's state after `step` optimizer steps from the start (GigaTrain's rule)."""
+        micro = step * self.gradient_accumulation_steps
+        epoch, batch_in_epoch = divmod(micro, len(self._stream))
+        state = dict(epoch=epoch, batch_in_epoch=batch_in_epoch)
+        if hasattr(self._stream, "global_batch"):
+            state.update(samples_seen=micro * self._stream.global_batch, global_batch=self._stream.global_batch)
+        return state
 
     def load_checkpoint(self, checkpoint, models, strict=True):
         """Load model folders (config.json naming the class in `_class_name`, and the weights) into the

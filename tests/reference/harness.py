@@ -47,22 +47,32 @@ def reference_python(venv=VENV):
     return py
 
 
-def record(scenario, workdir, python=None, timeout=600, allow_failure=False):
+def record(scenario, workdir, python=None, timeout=600, allow_failure=False, resume_from=None):
     """Run one scenario of the client under `python` (default: the reference venv) and return its JSON.
-    `allow_failure`: a phase that failed is in the JSON (its `ok` and `error`) instead of an exception."""
+    `allow_failure`: a phase that failed is in the JSON (its `ok` and `error`) instead of an exception;
+    `resume_from`: a checkpoint folder put into the project's models/ first, every phase resuming from it."""
     python = python or reference_python()
     workdir = os.path.abspath(str(workdir))
     os.makedirs(workdir, exist_ok=True)
     out = os.path.join(workdir, '%s.json' % scenario)
+    extra = ['--resume-from', os.path.abspath(resume_from)] if resume_from else []
     proc = subprocess.run([python, RECORD, '--scenario', scenario, '--workdir', os.path.join(workdir, scenario),
-                           '--out', out], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, env={k: v for k, v in os.environ.items()
-                                              if k not in ('PYTHONPATH', 'MASTER_ADDR', 'MASTER_PORT')})
+                           '--out', out] + extra, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout, env=_environment(python))
     if not os.path.exists(out) or (proc.returncode != 0 and not allow_failure):
         raise RuntimeError('recording %r under %s failed (exit %d):\n%s'
                            % (scenario, python, proc.returncode, proc.stdout[-6000:]))
     with open(out) as f:
         return json.load(f)
+
+
+def _environment(python):
+    """The recorder's environment: nothing of the caller's path or rendezvous; for ours (not the reference
+    venv) this checkout on the path, so that a worktree records its own giga_train, not the installed one."""
+    env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'MASTER_ADDR', 'MASTER_PORT')}
+    if os.path.abspath(python) != os.path.abspath(os.path.join(VENV, 'bin', 'python')):
+        env.update(PYTHONPATH=ROOT, RECORD_KEEP_PYTHONPATH='1')
+    return env
 
 
 def trainer_run(doc, phase=-1):

@@ -163,10 +163,19 @@ def scenario_phases(name, project_dir):
                      checkpoint_keeps=[1], seed=1234, log_interval=2)
         cfg['schedulers'] = dict(type='LinearScheduler', start_value=1.0, end_value=0.0)
         return [cfg]
+    if name in ('keep_all', 'keep_all_came8bit'):
+        # 'main' without the Tester, every checkpoint kept (3, 6, 8): the uninterrupted run and, at step 3
+        # (mid-epoch), the folder another implementation resumes from (--resume-from). CAME8Bit's first moment
+        # of the 32-element encoder weight is 8-bit in both (min_8bit_size=16).
+        cfg['runners'] = cfg['runners'][:1]
+        cfg['train']['checkpoint_total_limit'] = -1
+        if name == 'keep_all_came8bit':
+            cfg['optimizers'] = dict(type='CAME8Bit', lr=0.01, weight_decay=0.01, min_8bit_size=16)
+        return [cfg]
     raise SystemExit('unknown scenario %r' % name)
 
 
-SCENARIOS = ['main', 'resume', 'resume_epoch2', 'epochs_ema', 'disk']
+SCENARIOS = ['main', 'resume', 'resume_epoch2', 'epochs_ema', 'disk', 'keep_all', 'keep_all_came8bit']
 
 
 # ----------------------------------------------------------------------------------------- summaries
@@ -502,19 +511,28 @@ def main():
     ap.add_argument('--workdir', required=True)
     ap.add_argument('--out', required=True)
     ap.add_argument('--phase', type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument('--resume-from', default=None, help='a checkpoint folder copied into the project\'s models/'
+                    ' before the first phase; every phase resumes (train.resume=True), as a job moved here')
     args = ap.parse_args()
     workdir = os.path.abspath(args.workdir)
     project_dir = os.path.join(workdir, 'project')
     Ctx.roots = [(project_dir, '<project>'), (workdir, '<work>'), (HERE, '<reference>')]
     sys.path.insert(0, HERE)
     phases = scenario_phases(args.scenario, project_dir)
+    for cfg in phases if args.resume_from else ():
+        cfg['train']['resume'] = True
     if args.phase is not None:  # the child: one phase, in this process
         os.chdir(workdir)
         run_phase(phases[args.phase], args.out)
         return
     os.makedirs(workdir, exist_ok=True)
+    if args.resume_from:
+        import shutil
+        source = os.path.abspath(args.resume_from)
+        shutil.copytree(source, os.path.join(project_dir, 'models', os.path.basename(source)))
     env = dict(os.environ)
-    env.pop('PYTHONPATH', None)           # nothing of the caller's (our repository) on the path
+    if not env.pop('RECORD_KEEP_PYTHONPATH', None):  # harness: ours from this checkout
+        env.pop('PYTHONPATH', None)       # nothing of the caller's (our repository) on the path
     env.pop('AIHC_TENSORBOARD_LOG_PATH', None)
     env.setdefault('CUDA_VISIBLE_DEVICES', '')
     env.setdefault('OMP_NUM_THREADS', '1')
@@ -525,7 +543,8 @@ def main():
         logging_dir = os.path.join(project_dir, 'logs')
         before = files_under(logging_dir)
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), '--scenario', args.scenario,
-                               '--workdir', workdir, '--out', phase_out, '--phase', str(i)],
+                               '--workdir', workdir, '--out', phase_out, '--phase', str(i)]
+                              + (['--resume-from', os.path.abspath(args.resume_from)] if args.resume_from else []),
                               cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         with open(os.path.join(workdir, 'phase_%d.out' % i), 'w') as f:
             f.write(proc.stdout)
