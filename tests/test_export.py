@@ -66,10 +66,11 @@ class LoraTrainer(LlamaTrainer):
         return peft.get_peft_model(base, config)
 
 
-def run(tmp_path, runner, models=LLAMA, **train):
+def run(tmp_path, runner, models=LLAMA, launch=None, **train):
     cfg = tiny_config(tmp_path / "run", runner=f"tests.test_export.{runner}",
                       **dict(dict(max_steps=2, checkpoint_interval=2), **train))
     cfg["models"] = dict(models)
+    cfg["launch"].update(launch or {})
     cfg["optimizers"] = dict(type="AdamW", lr=1e-2)
     trainer = launch_from_config(cfg)
     return trainer, list_checkpoints(str(tmp_path / "run" / "models"))[-1][1]
@@ -147,3 +148,16 @@ def test_export_refuses_a_model_without_save_pretrained(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "CharLM" in err and "convert CHECKPOINT --to full" in err
     assert not os.path.exists(checkpoint + "_hf") and not os.path.exists(checkpoint + "_hf.tmp")
+
+
+def test_export_from_deepspeed_takes_its_fp32_master_weights(tmp_path):
+    pytest.importorskip("deepspeed")
+    from giga_train.checkpoint.convert import read_state
+    launch = dict(distributed_type="DEEPSPEED", deepspeed_config=dict(deepspeed_config_file="zero2.json"))
+    _, checkpoint = run(tmp_path, "LlamaTrainer", launch=launch, mixed_precision="bf16")
+    assert main(["export", checkpoint, "--to", "hf"]) == 0
+    loaded = transformers.LlamaForCausalLM.from_pretrained(checkpoint + "_hf").state_dict()
+    masters, _ = read_state(checkpoint)  # DeepSpeed's own files, through its universal checkpoint
+    assert loaded.keys() == masters.keys() and all(torch.equal(loaded[k], masters[k]) for k in loaded)
+    # the engine computes in bf16; the export holds the fp32 masters, not bf16-rounded weights
+    assert any(not torch.equal(v, v.bfloat16().float()) for v in loaded.values())
