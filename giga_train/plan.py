@@ -18,6 +18,8 @@ n_t trainable, c = bytes of the compute dtype, 2 under bf16/fp16/fp8, else 4):
   bf16 is DeepSpeed's unfused fp16 wrapper (full fp32 masters and fp32 gradients). Stages 1-2 add the
   reduce bucket (reduce_bucket_size elements in c). In fp32 ZeRO-1..3 still keep an fp32 flat copy of the
   partition (the "master" column).
+At one GPU the communication buffers (DDP's buckets, FSDP's gathered units, ZeRO's buckets and live
+parameters) are left out: the one-GPU ZeRO-2 peaks measured on the H200 are below the plan without them.
 The peak is the states plus gradients and activations as they coexist (see _peak); "sum" in --json adds
 every column (a bound). "fits" means peak <= 92% of the card (the rest:
 CUDA context, NCCL buffers, allocator fragmentation)."""
@@ -111,7 +113,9 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True):
             counted[engine], notes[engine] = counted.get("torch"), notes.get("torch")
         else:
             counted[engine], notes[engine] = _activations(config, overrides, dtype)
-    ds_zero = _deepspeed_zero(cfg)
+    ds_zero, stage = _deepspeed_zero(cfg)
+    configured = {"NO": "NO", "MULTI_GPU": "DDP", "DDP": "DDP", "FSDP": "FSDP",
+                  "DEEPSPEED": f"ZERO{stage}"}.get(cfg.launch.distributed_type)
     rows = []
     for strategy in STRATEGIES:
         act = counted["deepspeed" if strategy.startswith("ZERO") else "torch"]
@@ -121,10 +125,11 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True):
             if row is None:
                 continue
             row = {k: int(v) for k, v in row.items()}
-            rows.append(dict(strategy=strategy, gpus=count, **row, activations=act_bytes,
+            rows.append(dict(strategy=strategy, gpus=count, configured=strategy == configured, **row,
+                             activations=act_bytes,
                              **_peak(row, act_bytes, accumulation, card_bytes)))
     return dict(
-        config=str(config), card=str(card), card_bytes=card_bytes, fit_fraction=FIT_FRACTION,
+        config=config if isinstance(config, str) else "config", card=str(card), card_bytes=card_bytes, fit_fraction=FIT_FRACTION,
         mixed_precision=precision, optimizer=optimizer_names, gradient_accumulation_steps=accumulation,
         micro_batch=cfg.dataloaders.train.get("batch_size_per_gpu"),
         parameters=dict(numel=params.numel, trainable=params.trainable_numel, bytes=params.bytes,
@@ -164,12 +169,14 @@ def _peak(row, act_bytes, accumulation, card_bytes):
 
 
 def _deepspeed_zero(cfg):
+    """(the DeepSpeed JSON's bucket sizes that the plan uses, its ZeRO stage) of the config's launch section."""
     try:
         ds, _ = read_deepspeed_config(cfg.launch.get("deepspeed_config"))
     except ConfigError:
-        return {}
-    return {k: float(v) for k, v in (ds.get("zero_optimization") or {}).items() if k in DEEPSPEED_DEFAULTS
-            and isinstance(v, (int, float))}
+        return {}, None
+    zero = ds.get("zero_optimization") or {}
+    sizes = {k: float(v) for k, v in zero.items() if k in DEEPSPEED_DEFAULTS and isinstance(v, (int, float))}
+    return sizes, int(zero.get("stage", 0))
 
 
 def _unit(result):
@@ -197,10 +204,10 @@ def format_plan(result):
                      f" {', '.join(act['block_classes']) or 'no class'} checkpointed"
                      f" (train.activation_checkpointing={result['activation_checkpointing']})"
                      + (f"; {act['note']}" if act["note"] else ""))
-    lines.append(f"per GPU, {unit}; peak: states + max(grads, activations), + both when accumulating;"
+    lines.append(f"per GPU, {unit} (*: the config's strategy); peak: states + max(grads, activations), + both when accumulating;"
                  f" fits: peak <= {result['fit_fraction']:.0%} of {result['card']} ({result['card_bytes'] / 2**30:.1f} GiB)")
     header = ("strategy", "gpus", "params", "grads", "optimizer", "master", "buffers", "activations", "peak", "fits")
-    table = [header] + [(r["strategy"], str(r["gpus"]), size(r["params"]), size(r["grads"]), size(r["optimizer"]),
+    table = [header] + [(r["strategy"] + ("*" if r["configured"] else ""), str(r["gpus"]), size(r["params"]), size(r["grads"]), size(r["optimizer"]),
                          size(r["master"]), size(r["buffers"]), size(r["activations"]), size(r["peak"]),
                          {True: "yes", False: "NO", None: "?"}[r["fits"]]) for r in result["rows"]]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]

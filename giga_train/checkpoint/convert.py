@@ -49,18 +49,16 @@ def read_state(checkpoint):
 
 
 def read_weights(checkpoint, ema=False):
-    """The whole model state dict of a checkpoint written by any strategy (`ema`: the moving average's);
-    DeepSpeed's fp32 master weights in place of its bf16 module's."""
-    from .portable import deepspeed_meta
+    """The whole model state dict of a checkpoint written by any strategy (`ema`: the moving average's).
+    model/ holds it whole whatever the engine (DeepSpeed's fp32 master weights, not its bf16 module), so
+    no engine state is read."""
     if not is_complete(checkpoint):
         raise ConfigError(f"{checkpoint}: not a complete checkpoint folder (no meta.json)")
-    if ema:
-        if not os.path.isdir(os.path.join(checkpoint, "model_ema")):
-            raise ConfigError(f"{checkpoint}: no EMA weights (model_ema/); the run had train.with_ema off")
-        return _saved_weights(checkpoint, "model_ema")
-    if deepspeed_meta(checkpoint) is None:
-        return _saved_weights(checkpoint, "model")
-    return read_state(checkpoint)[0]
+    name = "model_ema" if ema else "model"
+    if not os.path.isdir(os.path.join(checkpoint, name)):
+        raise ConfigError(f"{checkpoint}: no {name}/ folder"
+                          + (" (the run had train.with_ema off)" if ema else ""))
+    return _saved_weights(checkpoint, name)
 
 
 def _saved_weights(checkpoint, name):
