@@ -118,8 +118,9 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
     def enter(module, args, kwargs):
         if not stack:
             per_block.append(0)
-            for t in _tensors((args, kwargs)):
-                inputs.setdefault(_storage_key(t), t.untyped_storage().nbytes())
+            for t in _tensors((args, kwargs)):  # a buffer handed to each block (RoPE tables) is a buffer
+                if _storage_key(t) not in excluded:
+                    inputs.setdefault(_storage_key(t), t.untyped_storage().nbytes())
         stack.append(len(per_block) - 1)
 
     def leave(module, args, kwargs, output):

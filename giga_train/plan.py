@@ -129,8 +129,9 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True):
                              activations=act_bytes,
                              **_peak(row, act_bytes, accumulation, card_bytes)))
     return dict(
-        config=config if isinstance(config, str) else "config", card=str(card), card_bytes=card_bytes, fit_fraction=FIT_FRACTION,
-        mixed_precision=precision, optimizer=optimizer_names, gradient_accumulation_steps=accumulation,
+        config=config if isinstance(config, str) else "config", card=str(card), card_bytes=card_bytes,
+        fit_fraction=FIT_FRACTION, mixed_precision=precision, optimizer=optimizer_names,
+        gradient_accumulation_steps=accumulation,
         micro_batch=cfg.dataloaders.train.get("batch_size_per_gpu"),
         parameters=dict(numel=params.numel, trainable=params.trainable_numel, bytes=params.bytes,
                         trainable_bytes=params.trainable_bytes, buffer_bytes=params.buffer_bytes,
@@ -204,12 +205,13 @@ def format_plan(result):
                      f" {', '.join(act['block_classes']) or 'no class'} checkpointed"
                      f" (train.activation_checkpointing={result['activation_checkpointing']})"
                      + (f"; {act['note']}" if act["note"] else ""))
-    lines.append(f"per GPU, {unit} (*: the config's strategy); peak: states + max(grads, activations), + both when accumulating;"
-                 f" fits: peak <= {result['fit_fraction']:.0%} of {result['card']} ({result['card_bytes'] / 2**30:.1f} GiB)")
+    lines.append(f"per GPU, {unit} (*: the config's strategy); peak: states + max(grads, activations), + both when"
+                 f" accumulating; fits: peak <= {result['fit_fraction']:.0%} of {result['card']}"
+                 f" ({result['card_bytes'] / 2**30:.1f} GiB)")
     header = ("strategy", "gpus", "params", "grads", "optimizer", "master", "buffers", "activations", "peak", "fits")
-    table = [header] + [(r["strategy"] + ("*" if r["configured"] else ""), str(r["gpus"]), size(r["params"]), size(r["grads"]), size(r["optimizer"]),
-                         size(r["master"]), size(r["buffers"]), size(r["activations"]), size(r["peak"]),
-                         {True: "yes", False: "NO", None: "?"}[r["fits"]]) for r in result["rows"]]
+    table = [header] + [(r["strategy"] + ("*" if r["configured"] else ""), str(r["gpus"]),
+                         *(size(r[k]) for k in header[2:-1]), {True: "yes", False: "NO", None: "?"}[r["fits"]])
+                        for r in result["rows"]]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
     return "\n".join(lines)
