@@ -2,6 +2,8 @@
 tensors on CPU. Parameters, gradients and optimizer state must be equal to the byte; activations within
 2% of the memory a real forward keeps (the CPU profiler's allocations minus frees), with and without
 activation checkpointing."""
+import json
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -10,7 +12,7 @@ from giga_train import launch_from_config
 from giga_train.cli import main
 from giga_train.distributed.activation_checkpointing import apply_activation_checkpointing
 from giga_train.plan import parse_card, per_gpu, plan
-from tests.tiny import MODEL, CharLM, tiny_config
+from tests.tiny import MODEL, CharLM, TinyTrainer, tiny_config
 
 OPTIMIZERS = [dict(type="AdamW", lr=3e-3, weight_decay=0.01), dict(type="CAME8Bit", lr=1e-3),
               dict(type="FusedAdam", lr=1e-3)]
@@ -94,3 +96,26 @@ def test_plan_strategy_arithmetic_and_bad_input(capsys):
     assert parse_card("80GiB") == 80 * 2**30 and parse_card("h200") == 150_109_880_320
     assert main(["plan", "x.py", "--card", "huge"]) == 2
     assert "--card: 'huge'" in capsys.readouterr().err
+
+
+class ValueReadingTrainer(TinyTrainer):
+    """Reads a value of the model's output before its forward is over: fake tensors have none."""
+
+    def forward_step(self, batch_dict):
+        if self.model.embed(batch_dict["tokens"]).sum().item() > 1e9:
+            return None
+        return self.model(batch_dict["tokens"], batch_dict["targets"])
+
+
+def test_plan_cli_json_and_a_forward_it_cannot_count(tmp_path, capsys):
+    cfg = tiny_config(tmp_path, runner="tests.test_plan.ValueReadingTrainer")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["plan", str(path), "--gpus", "1,4", "--card", "40GiB", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["activations"]["torch"] is None
+    assert result["activations_notes"]["torch"].startswith("not estimated (DataDependentOutputException")
+    assert [(r["strategy"], r["gpus"]) for r in result["rows"]][:3] == [("NO", 1), ("DDP", 1), ("DDP", 4)]
+    assert all(r["fits"] is None and r["activations"] is None for r in result["rows"])  # unknown, not "fits"
+    assert main(["plan", str(path), "--gpus", "1"]) == 0
+    assert "activations, NO/DDP/FSDP (autocast): not estimated" in capsys.readouterr().out
