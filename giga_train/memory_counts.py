@@ -52,7 +52,7 @@ def optimizer_state_bytes(trainer, model):
     """Bytes of the optimizer state after one step: the trainer's get_optimizers over `model` (on the meta
     device), each trainable parameter given a gradient, stepped once; every tensor in optimizer.state."""
     trainer._models = [model]
-    optimizers = as_list(trainer.get_optimizers(trainer.config.optimizers))
+    optimizers = as_list(trainer.get_optimizers(_unfused(trainer.config.optimizers)))
     for p in model.parameters():
         if p.requires_grad:
             p.grad = torch.empty_like(p)
@@ -62,6 +62,16 @@ def optimizer_state_bytes(trainer, model):
     total = sum(_tensor_bytes(state) for optimizer in optimizers for state in optimizer.state.values())
     names = sorted({type(o).__name__ for o in optimizers})
     return total, names
+
+
+def _unfused(configs):
+    """Optimizer configs without torch's `fused` flag, whose kernels refuse the meta device; the state
+    they keep is the same."""
+    if isinstance(configs, dict):
+        return {k: v for k, v in configs.items() if k != "fused"}
+    if isinstance(configs, (list, tuple)):
+        return [_unfused(c) for c in configs]
+    return configs
 
 
 def _tensor_bytes(value):

@@ -18,6 +18,8 @@ def offline_trainer(config, overrides=(), device="meta"):
     """The config's first Trainer class, instantiated without its constructor (which starts the engine) and
     given what its hooks read: config, train options, kwargs, environment (one rank on `device`)."""
     cfg = load_config(config, overrides)
+    if isinstance(cfg.get("launch"), dict):
+        cfg.launch.pop("gpu_ids", None)  # a GPU job is planned or exported on any machine: no GPU is used here
     classes = validated_runners(cfg)  # fills the schema's defaults
     cls = next((c for c in classes if issubclass(c, Trainer)), None)
     if cls is None:

@@ -95,7 +95,12 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True):
     card_bytes = parse_card(card)
     trainer = offline_trainer(config, overrides, device="meta")
     cfg, train = trainer.config, trainer.config.train
-    model = build_model(trainer)
+    try:
+        model = build_model(trainer)
+    except Exception as e:  # e.g. transformers' from_pretrained refuses the meta device
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ConfigError(f"get_models could not build the model on the meta device ({type(e).__name__}: {first});"
+                          " plan needs a get_models that builds the model without reading its weights") from e
     fsdp = cfg.launch.get("fsdp_config") or {}
     wrap = wrap_class_names(model, fsdp) if fsdp.get("fsdp_transformer_layer_cls_to_wrap") else []
     params = count_parameters(model, wrap)
