@@ -161,3 +161,12 @@ def test_export_from_deepspeed_takes_its_fp32_master_weights(tmp_path):
     assert loaded.keys() == masters.keys() and all(torch.equal(loaded[k], masters[k]) for k in loaded)
     # the engine computes in bf16; the export holds the fp32 masters, not bf16-rounded weights
     assert any(not torch.equal(v, v.bfloat16().float()) for v in loaded.values())
+
+
+def test_export_from_a_two_rank_fsdp2_checkpoint(tmp_path):
+    from giga_train.checkpoint import load_weights
+    _, checkpoint = run(tmp_path, "LlamaTrainer", launch=dict(distributed_type="FSDP", num_processes=2))
+    assert main(["export", checkpoint, "--to", "hf"]) == 0
+    loaded = transformers.LlamaForCausalLM.from_pretrained(checkpoint + "_hf").state_dict()
+    gathered = load_weights(os.path.join(checkpoint, "model"))  # the whole weights rank 0 gathered
+    assert loaded.keys() == gathered.keys() and all(torch.equal(loaded[k], gathered[k]) for k in loaded)
