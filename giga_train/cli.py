@@ -1,4 +1,5 @@
-"""giga-train train CONFIG [--set key=value ...] | check CONFIG [--set ...] | convert CHECKPOINT --to full|dcp"""
+"""giga-train train CONFIG [--set key=value ...] | check CONFIG [--set ...] | plan CONFIG [--set ...] [--gpus 1,8]
+[--card h200] [--json] | convert CHECKPOINT --to full|dcp | export CHECKPOINT --to hf [--out DIR] [--ema]"""
 import argparse
 import sys
 
@@ -15,13 +16,37 @@ def main(argv=None):
         sub.add_argument("config", help="a .py/.yaml/.json file, or a dotted module path")
         sub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                          help="override a config value (a Python literal, else a string); repeatable")
+    sub = commands.add_parser("plan", help="the memory per GPU of the config's job, per strategy and GPU count")
+    sub.add_argument("config", help="a .py/.yaml/.json file, or a dotted module path")
+    sub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config value (a Python literal, else a string); repeatable")
+    sub.add_argument("--gpus", default="1,8", help="GPU counts to plan for (default 1,8)")
+    sub.add_argument("--card", default="h200", help="the GPU: h200, h100, a100 or a size such as 80GiB")
+    sub.add_argument("--json", action="store_true", help="print the plan as JSON")
     sub = commands.add_parser("convert", help="write a checkpoint's model and optimizer state as plain files")
     sub.add_argument("checkpoint", help="a checkpoint folder (models/checkpoint_epoch_E_step_S)")
     sub.add_argument("--to", required=True, choices=("full", "dcp"),
                      help="full: model.safetensors + optimizer.pt; dcp: one torch.distributed.checkpoint folder")
     sub.add_argument("--out", help="the folder to create (default: CHECKPOINT_full or CHECKPOINT_dcp)")
+    sub = commands.add_parser("export", help="write a checkpoint's model as folders from_pretrained opens")
+    sub.add_argument("checkpoint", help="a checkpoint folder (models/checkpoint_epoch_E_step_S)")
+    sub.add_argument("--to", required=True, choices=("hf",), help="hf: transformers / diffusers / PEFT folders")
+    sub.add_argument("--out", help="the folder to create (default: CHECKPOINT_hf, CHECKPOINT_ema_hf with --ema)")
+    sub.add_argument("--ema", action="store_true", help="export the EMA weights (train.with_ema)")
+    sub.add_argument("--config", help="the run's config (default: the config.json the run saved in its project)")
+    sub.add_argument("--max-shard-size", default="5GB", help="larger models are sharded (default 5GB)")
+    sub.add_argument("--merged", action="store_true", help="PEFT: also write the merged model (merged/)")
     args = parser.parse_args(argv)
     try:
+        if args.command == "plan":
+            from .plan import plan_command
+            plan_command(args)
+            return 0
+        if args.command == "export":
+            from .export import export
+            print(export(args.checkpoint, args.out, ema=args.ema, config=args.config,
+                         max_shard_size=args.max_shard_size, merged=args.merged))
+            return 0
         if args.command == "convert":
             from .checkpoint.convert import convert
             print(convert(args.checkpoint, args.to, args.out))

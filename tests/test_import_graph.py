@@ -18,7 +18,9 @@ LAYERS = [
     ["checkpoint"],
     ["distributed"],
     ["trainers"],
-    ["runners", "distributed.launch", "distributed.worker", "cli", "__main__", "__init__"],
+    # offline, memory_counts, plan, export: the config's Trainer hooks without a run (giga-train plan / export)
+    ["runners", "offline", "memory_counts", "plan", "export", "distributed.launch", "distributed.worker", "cli",
+     "__main__", "__init__"],
 ]
 
 
