@@ -5,7 +5,7 @@ import json
 import math
 import os
 
-from ..checkpoint.manager import checkpoint_name
+from ..checkpoint.manager import checkpoint_name, list_checkpoints
 from ..errors import ConfigError
 
 BEST_FILE = "best.json"
@@ -19,6 +19,7 @@ class BestCheckpoint:
         self.given_keeps = set(folders.keeps)
         self.value = self.step = None
         self.due = None  # the step whose checkpoint must be written: it became the best
+        self.released = set()  # former bests, back in the rotation
 
     def update(self, step, results):
         """After a validation at `step`: True when its `metric` beats the best so far (then that step's
@@ -33,12 +34,16 @@ class BestCheckpoint:
             return False
         if self.step is not None and self.step not in self.given_keeps:
             self.folders.keeps.discard(self.step)  # the former best rotates out like any other
+            self.released.add(self.step)
         self.value, self.step, self.due = value, step, step
         self.folders.keeps.add(step)
         return True
 
     def saved(self, step, epoch):
-        """The checkpoint of `step` was written (or is being, in the background): record it as the best."""
+        """After each save (the checkpoint of `step` written, or being written in the background): record
+        it as the best when it is, and delete the former bests the rolling limit no longer covers."""
+        if self.is_main:
+            self._prune()
         if self.due != step:
             return
         self.due = None
@@ -49,6 +54,21 @@ class BestCheckpoint:
             with open(path + ".tmp", "w") as f:
                 json.dump(record, f, indent=2)
             os.replace(path + ".tmp", path)
+
+    def _prune(self):
+        """The rotation walks the run's lineage back from its newest checkpoint, and that walk stops at a
+        checkpoint it deleted: a best kept past such a gap is out of its reach once released. Counted here
+        as rotation counts: a released best outside the newest `total_limit` not kept goes."""
+        limit = self.folders.total_limit
+        if limit is None or not self.released:
+            return
+        found = list_checkpoints(self.folders.models_dir)
+        rolling = [step for step, _ in found if step not in self.folders.keeps]
+        covered = set(rolling[-limit:])
+        for step, path in found:
+            if step in self.released and step not in covered:
+                self.folders._delete(path)  # the manager's delete: renamed aside first, never half a checkpoint
+        self.released &= covered
 
     # -- in the trainer's state (training_state.pt): a resumed run knows the best so far ------------------
     def state_dict(self):

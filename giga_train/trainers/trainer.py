@@ -119,8 +119,6 @@ class Trainer(CheckpointHooks, Runner):
         self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest)
         self._scheduler_rewind = SchedulerRewind(self.schedulers, self.optimizers)
         val = self.config.dataloaders.get("val")
-        if train.eval_interval and val is None:
-            raise ConfigError("train.eval_interval: set dataloaders.val too (the data to validate on)")
         if train.eval_interval:
             self.validator = Validator(val, self.env)
         elif val is not None:
