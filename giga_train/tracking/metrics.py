@@ -22,8 +22,8 @@ class MetricSums:
         if torch.is_tensor(value):
             value = value.detach().float().mean().to(self.device)
         else:
-            value = torch.tensor(float(value), device=self.device)
-        self._sums[name] = self._sums.get(name, 0) + value * weight
+            value = float(value)  # stays on the host: a copy to the GPU per call would wait for its queue
+        self._sums[name] = self._sums.get(name, 0.0) + value * weight
         self._weights[name] = self._weights.get(name, 0.0) + weight
 
     def __bool__(self):
@@ -41,8 +41,8 @@ class MetricSums:
             names = sorted(set().union(*everyone))
         if not names:
             return {}
-        zero = torch.zeros((), device=self.device)
-        sums = torch.stack([self._sums.get(n, zero) for n in names])
+        sums = torch.stack([torch.as_tensor(self._sums.get(n, 0.0), dtype=torch.float32, device=self.device)
+                            for n in names])
         weights = torch.tensor([self._weights.get(n, 0.0) for n in names], device=self.device)
         both = torch.cat([sums, weights])
         if distributed:
