@@ -306,8 +306,8 @@ def validate_config(cfg):
             del cfg.dataloaders[name]  # GigaTrain configs write `eval=None` for "no such loader"
             continue
         _check_loader(f"dataloaders.{name}", loader, required=name == "train", open_keys=own_loaders)
-    if cfg.train.eval_interval and "val" not in cfg.dataloaders:
-        raise ConfigError("train.eval_interval: set dataloaders.val too (the data to validate on)")
+    if cfg.train.eval_interval and (cfg.dataloaders.get("val") or {}).get("data_or_config") is None:
+        raise ConfigError("train.eval_interval: set dataloaders.val too (its data_or_config: the data to validate on)")
     if cfg.launch.distributed_type == "DEEPSPEED":
         from .distributed.deepspeed_config import resolve_deepspeed_config
         resolve_deepspeed_config(cfg.launch.deepspeed_config, cfg.train, cfg.dataloaders.train.batch_size_per_gpu,

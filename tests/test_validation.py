@@ -29,6 +29,17 @@ def validations(project, ranks):
     return [json.load(open(os.path.join(project, f"val_rank_{r}.json"))) for r in range(ranks)]
 
 
+def val_mean(weights):
+    """The mean loss of `weights` over every validation sample, one at a time (no sharding, no batching)."""
+    model = CharLM(**dict(MODEL, dropout=0.1)).eval()
+    model.load_state_dict(weights)
+    data = StdlibText(block_size=16, stride=16, max_bytes=40_000, split="val", val_fraction=0.004)
+    assert len(data) == VAL_SAMPLES
+    with torch.no_grad():
+        losses = [model(data[i]["tokens"][None], data[i]["targets"][None]).item() for i in range(len(data))]
+    return sum(losses) / len(losses)
+
+
 def one_process(tmp_path_factory):
     if "no" not in CACHE:
         project = tmp_path_factory.mktemp("no")
@@ -52,13 +63,7 @@ def test_validation_is_the_sample_mean_of_the_trained_weights(tmp_path_factory):
     project, metrics = one_process(tmp_path_factory)
     [runs] = validations(project, 1)
     assert [step for step, _ in runs] == [2, 4]
-    model = CharLM(**dict(MODEL, dropout=0.0))
-    model.load_state_dict(final_weights(project))
-    data = StdlibText(block_size=16, stride=16, max_bytes=40_000, split="val", val_fraction=0.004)
-    assert len(data) == VAL_SAMPLES
-    with torch.no_grad():
-        losses = [model(data[i]["tokens"][None], data[i]["targets"][None]).item() for i in range(len(data))]
-    assert runs[-1][1]["val/loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+    assert runs[-1][1]["val/loss"] == pytest.approx(val_mean(final_weights(project)), rel=1e-5)
     assert metrics["val/loss"] == runs[-1][1]["val/loss"]
     assert runs[0][1]["val/loss"] != runs[1][1]["val/loss"]  # the weights moved between the two
 
@@ -96,13 +101,8 @@ def test_validation_on_ema_weights_leaves_the_training_unchanged(tmp_path):
     got, plain = final_weights(tmp_path / "eval"), final_weights(tmp_path / "plain")
     assert all(torch.equal(got[k], plain[k]) for k in plain)
     ema = load_weights(os.path.join(list_checkpoints(str(tmp_path / "eval" / "models"))[-1][1], "model_ema"))
-    model = CharLM(**dict(MODEL, dropout=0.1)).eval()
-    model.load_state_dict(ema)
-    data = StdlibText(block_size=16, stride=16, max_bytes=40_000, split="val", val_fraction=0.004)
-    with torch.no_grad():
-        mean = sum(model(data[i]["tokens"][None], data[i]["targets"][None]).item() for i in range(len(data))) / len(data)
-    assert trainer.last_metrics["val/loss"] == pytest.approx(mean, rel=1e-5)
-    assert not any(torch.equal(ema[k], got[k]) for k in ("head.weight",))  # the EMA is not the trained weights
+    assert trainer.last_metrics["val/loss"] == pytest.approx(val_mean(ema), rel=1e-5)
+    assert not torch.equal(ema["head.weight"], got["head.weight"])  # the average is not the trained weights
 
 
 def test_best_checkpoint_is_kept_out_of_rotation_and_survives_resume(tmp_path, monkeypatch):
@@ -144,7 +144,8 @@ def bad(tmp_path, **train):
     (dict(checkpoint_best=dict(metric="loss")), "train.checkpoint_best: metric: name a validation result"),
     (dict(checkpoint_best=dict(metric="val/loss", mode="lowest")), "train.checkpoint_best: mode: 'min' or 'max'"),
     (dict(checkpoint_best=dict(metric="val/loss", metirc=1)), "unknown key 'metirc'; did you mean 'metric'?"),
-    (dict(checkpoint_best=dict(metric="val/loss"), eval_interval=None), "train.checkpoint_best: set train.eval_interval"),
+    (dict(checkpoint_best=dict(metric="val/loss"), eval_interval=None),
+     "train.checkpoint_best: set train.eval_interval"),
 ])
 def test_bad_validation_keys_are_one_line(tmp_path, train, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -154,6 +155,9 @@ def test_bad_validation_keys_are_one_line(tmp_path, train, message):
 def test_eval_interval_needs_val_data_and_a_missing_best_metric_is_named(tmp_path):
     cfg = eval_job(tmp_path / "a")
     del cfg["dataloaders"]["val"]
+    with pytest.raises(ConfigError, match="train.eval_interval: set dataloaders.val too"):
+        validate_config(Config(cfg))
+    cfg["dataloaders"]["val"] = dict(batch_size_per_gpu=2)
     with pytest.raises(ConfigError, match="train.eval_interval: set dataloaders.val too"):
         validate_config(Config(cfg))
     cfg = eval_job(tmp_path / "b", checkpoint_best=dict(metric="val/acc"))

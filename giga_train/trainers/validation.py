@@ -59,7 +59,8 @@ class Validator:
         # the training's random numbers (dropout, noise) stay as if no validation ran: a DataLoader draws its seed
         devices = [self.env.device] if self.env.device.type == "cuda" else []
         try:
-            with torch.random.fork_rng(devices), torch.no_grad(), ema_weights(trainer.ema if on_ema else None), trainer.metrics_into(results):
+            with torch.random.fork_rng(devices), torch.no_grad(), ema_weights(trainer.ema if on_ema else None), \
+                    trainer.metrics_into(results):
                 for batch, weight in zip(self.loader, self.shard.weights()):
                     results.weight = weight  # what the hook passes to log_metric counts as much as its batch
                     with trainer.strategy.autocast():
