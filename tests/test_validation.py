@@ -40,12 +40,13 @@ def val_mean(weights):
     return sum(losses) / len(losses)
 
 
-def one_process(tmp_path_factory):
-    if "no" not in CACHE:
+def one_process(tmp_path_factory, **train):
+    key = repr(sorted(train.items()))
+    if key not in CACHE:
         project = tmp_path_factory.mktemp("no")
-        trainer = launch_from_config(eval_job(project))
-        CACHE["no"] = project, trainer.last_metrics
-    return CACHE["no"]
+        trainer = launch_from_config(eval_job(project, **train))
+        CACHE[key] = project, trainer.last_metrics
+    return CACHE[key]
 
 
 def test_even_rank_shard_covers_every_sample_once_with_equal_batch_counts():
@@ -71,10 +72,12 @@ def test_validation_is_the_sample_mean_of_the_trained_weights(tmp_path_factory):
 @pytest.mark.parametrize("strategy", ["DDP", "FSDP2"])
 def test_validation_and_metrics_at_two_ranks(tmp_path, tmp_path_factory, strategy):
     """2 ranks (rank 0: 3 batches of val data, rank 1: 2 and a repeat): every rank gets the one-process
-    results; log_metric's values are averaged over the calls and the ranks."""
-    project, single = one_process(tmp_path_factory)
+    results (FSDP2: validating on its sharded EMA weights); log_metric's values are averaged over the calls
+    and the ranks."""
+    train = dict(with_ema=True, ema_decay=0.5, eval_ema=True) if strategy == "FSDP2" else {}
+    project, single = one_process(tmp_path_factory, **train)
     launch = FSDP2 if strategy == "FSDP2" else None
-    result = launch_from_config(eval_job(tmp_path, "FSDP" if launch else "DDP", ranks=2, launch=launch))
+    result = launch_from_config(eval_job(tmp_path, "FSDP" if launch else "DDP", ranks=2, launch=launch, **train))
     expected = validations(project, 1)[0]
     for runs in validations(tmp_path, 2):
         assert [s for s, _ in runs] == [s for s, _ in expected]
