@@ -73,10 +73,11 @@ class EMA:
         torch._foreach_lerp_(self.shadow, current, [weight.to(torch.float32)] * len(self.shadow))
 
     def state_dict(self, module):
-        """The module's full state with the averaged weights in place of the trained ones."""
-        state = {k: v.detach() for k, v in module.state_dict().items()}
-        state.update({n: s for n, s in zip(self.names, self.shadow)})
-        return state
+        """The module's full state with the averaged weights in place of the trained ones, under every
+        name a parameter has (a tied weight, e.g. an LM head sharing the embedding, is listed once by
+        named_parameters but twice in the state dict: both names get the average)."""
+        shadow_of = {id(p): s for p, s in zip(self.params, self.shadow)}
+        return {k: shadow_of.get(id(v), v).detach() for k, v in module.state_dict(keep_vars=True).items()}
 
     def load_state_dict(self, state, optimization_step=None):
         """Averaged weights from a full state dict (and the update count, when given)."""

@@ -152,6 +152,9 @@ TRAIN = dict(
     progress_bar=Key(True, bool),
     nan_policy=Key("skip", str, choices=("skip", "stop", "off")),  # a non-finite loss/grad norm: skip the update
     max_nan_steps=Key(10, (int, type(None)), min=1),  # skipped steps in a row before the run stops (None: never)
+    eval_interval=Key(None, int, min=1),  # validate on dataloaders.val every N steps and at the last (None: never)
+    eval_ema=Key(False, bool),  # validate on the EMA weights (needs with_ema)
+    checkpoint_best=Key(None, dict, check=lambda v: _check_best(v)),  # dict(metric='val/loss', mode='min')
 )
 # In GigaTrain these are not Trainer keywords: they reach the trainer's self.kwargs, so they are in ours too.
 GIGATRAIN_KWARGS = ("max_grad_norm", "grad_norm_type", "loss_nan_total_limit", "resume")
@@ -303,6 +306,8 @@ def validate_config(cfg):
             del cfg.dataloaders[name]  # GigaTrain configs write `eval=None` for "no such loader"
             continue
         _check_loader(f"dataloaders.{name}", loader, required=name == "train", open_keys=own_loaders)
+    if cfg.train.eval_interval and (cfg.dataloaders.get("val") or {}).get("data_or_config") is None:
+        raise ConfigError("train.eval_interval: set dataloaders.val too (its data_or_config: the data to validate on)")
     if cfg.launch.distributed_type == "DEEPSPEED":
         from .distributed.deepspeed_config import resolve_deepspeed_config
         resolve_deepspeed_config(cfg.launch.deepspeed_config, cfg.train, cfg.dataloaders.train.batch_size_per_gpu,
@@ -488,6 +493,10 @@ def _check_train(train, project_dir, given=()):
         problem = train[key] and check(train[key])
         if problem:
             raise ConfigError(f"train.{key}: {problem}")
+    if train.eval_ema and not train.with_ema:
+        raise ConfigError("train.eval_ema: needs train.with_ema=True (the EMA weights to validate on)")
+    if train.checkpoint_best and not train.eval_interval:
+        raise ConfigError("train.checkpoint_best: set train.eval_interval too (the validations it compares)")
     if train.activation_checkpointing and not train.activation_class_names:
         raise ConfigError("train.activation_class_names: name the module classes to checkpoint"
                           " (activation_checkpointing=True)")
@@ -549,6 +558,17 @@ def _trackers(value):
                               f" none){did_you_mean(name, LOG_TRACKERS)}")
         out += [w for w in wanted if w not in out]
     return out
+
+
+def _check_best(best):
+    unknown = sorted(set(best) - {"metric", "mode"})
+    if unknown:
+        return f"unknown key '{unknown[0]}'{did_you_mean(unknown[0], ('metric', 'mode'))} (give metric and mode)"
+    if not isinstance(best.get("metric"), str) or not best["metric"].startswith("val/"):
+        return f"metric: name a validation result, e.g. 'val/loss'; got {best.get('metric')!r}"
+    if best.get("mode", "min") not in ("min", "max"):
+        return f"mode: 'min' or 'max', got {best['mode']!r}"
+    return None
 
 
 def _check_ddp_config(cfg):

@@ -77,15 +77,16 @@ class MetricLogger:
         scalars = {**scalars, "step_time": step_time, "samples_per_sec": self.samples_per_step / step_time}
         if not self.is_main:
             return scalars
+        tags = {name: name if "/" in name else f"train/{name}" for name in scalars}  # 'val/loss' stays itself
         if self.writer is not None:
             for name, value in scalars.items():
-                self.writer.add_scalar(f"train/{name}", value, step)
+                self.writer.add_scalar(tags[name], value, step)
         if self.wandb is not None:
-            self.wandb.log({f"train/{name}": value for name, value in scalars.items()}, step=step)
+            self.wandb.log({tags[name]: value for name, value in scalars.items()}, step=step)
         parts = " | ".join(f"{k} {_fmt(v)}" for k, v in scalars.items())
         logging.getLogger("giga_train.metrics").info("step %d | %s", step, parts)
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{scalars.get('total_loss', float('nan')):.4f}", refresh=False)
+            self.bar.set_postfix(bar_postfix(scalars), refresh=True)
         return scalars
 
     def advance(self, step):
@@ -100,6 +101,13 @@ class MetricLogger:
             self.writer.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def bar_postfix(scalars):
+    """The progress bar's numbers: the total loss (of named losses too), and the validation loss when
+    there is one; nothing for a window whose every step was skipped, rather than 'nan'."""
+    shown = {"loss": scalars.get("total_loss"), "val_loss": scalars.get("val/loss", scalars.get("val/total_loss"))}
+    return {name: f"{value:.4f}" for name, value in shown.items() if value is not None}
 
 
 def _fmt(value):

@@ -16,9 +16,11 @@ log = logging.getLogger("giga_train")
 class CheckpointHooks:
     def save_checkpoint_step(self):
         """After every step: save when train.checkpoint_interval says (steps; epochs when training by
-        epochs, a float being a fraction of one), and at the last step, as GigaTrain does."""
+        epochs, a float being a fraction of one), and at the last step, as GigaTrain does; also when this
+        step's validation is the best so far (train.checkpoint_best)."""
         every = checkpoint_steps(self.train_config, self.epoch_size)
-        if (every and self.step % every == 0) or self.step == self.max_steps:
+        best = getattr(self, "best_checkpoint", None)
+        if (every and self.step % every == 0) or self.step == self.max_steps or (best and best.due == self.step):
             self.save_checkpoint()
 
     def save_checkpoint(self):

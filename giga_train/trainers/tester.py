@@ -46,6 +46,17 @@ class _Transformed(torch.utils.data.Dataset):
         return self.transform(item) if self.transform is not None else item
 
 
+def ordered_loader(data_config, batches):
+    """A DataLoader over `data_config`'s dataset (its transform and collate_fn), in the order of the batch
+    sampler `batches(dataset size, batch_size_per_gpu)` returns."""
+    dataset = build_dataset(data_config.data_or_config)
+    transform = TRANSFORMS.build(data_config.transform) if data_config.get("transform") else None
+    collate = import_object(data_config.collate_fn) if data_config.get("collate_fn") else None
+    return torch.utils.data.DataLoader(_Transformed(dataset, transform),
+                                       batch_sampler=batches(len(dataset), data_config.get("batch_size_per_gpu", 1)),
+                                       num_workers=data_config.get("num_workers", 0), collate_fn=collate)
+
+
 class Tester(Runner):
     """Runs the `test` part of a config. Override `get_models` and `test`."""
     SECTION, OWN_KEYWORDS, LOG_NAME = "test", TESTER_KEYWORDS, "test.log"
@@ -70,13 +81,8 @@ class Tester(Runner):
 
     def get_dataloaders(self, data_config):
         """A DataLoader over this rank's part of the dataset, in order (no shuffling, no padding)."""
-        dataset = build_dataset(data_config.data_or_config)
-        transform = TRANSFORMS.build(data_config.transform) if data_config.get("transform") else None
-        batches = RankShard(len(dataset), data_config.get("batch_size_per_gpu", 1), self.process_index,
-                            self.num_processes)
-        collate = import_object(data_config.collate_fn) if data_config.get("collate_fn") else None
-        return torch.utils.data.DataLoader(_Transformed(dataset, transform), batch_sampler=batches,
-                                           num_workers=data_config.get("num_workers", 0), collate_fn=collate)
+        return ordered_loader(data_config, lambda size, batch_size: RankShard(size, batch_size, self.process_index,
+                                                                               self.num_processes))
 
     def get_models(self, model_config):
         raise NotImplementedError(f"{type(self).__name__} must define get_models(self, model_config)")

@@ -5,9 +5,11 @@ our engine. Subclass it, write get_models and forward_step; the config does the 
                       schedulers): get_dataloaders, get_models, apply_activation_checkpointing, apply_fp8,
                       (compile, shard: the strategy) get_optimizers, set_ema_models, get_schedulers
     train()        -> print_before_train; per step: per micro-batch forward_step, parse_losses,
-                      backward_step (the last one steps the optimizers); print_step; save_checkpoint_step;
+                      backward_step (the last one steps the optimizers); validate_if_due (validate():
+                      validation_step per batch of dataloaders.val); print_step; save_checkpoint_step;
                       then print_after_train
 """
+import contextlib
 import logging
 import math
 import os
@@ -31,10 +33,13 @@ from ..registry import STRATEGIES
 from ..schedulers import SCHEDULERS
 from ..schema import train_kwargs
 from ..tracking import MetricLogger
+from ..tracking.metrics import MetricSums
+from .best_checkpoint import BestCheckpoint
 from .checkpoint_hooks import CheckpointHooks
 from .nan_guard import NanGuard, SchedulerRewind
 from ..utils import as_list
 from .runner import Runner
+from .validation import Validator
 
 log = logging.getLogger("giga_train")
 
@@ -69,6 +74,9 @@ class Trainer(CheckpointHooks, Runner):
         self._stepping = False
         self._optimizers, self._schedulers, self.ema = [], [], None
         self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
+        self._logged_metrics = self._metric_sink = MetricSums(self.device)  # log_metric's, until the next log
+        self.validator = self.best_checkpoint = None
+        self._val_results = None  # the validation of this step, logged with its scalars
         seed_everything(self.train_config.seed)  # every rank builds the same initial weights
 
     def extra_options(self, options):
@@ -110,6 +118,14 @@ class Trainer(CheckpointHooks, Runner):
         max_nan = train.max_nan_steps if train.max_nan_steps is not None else float("inf")  # None: never stop
         self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest)
         self._scheduler_rewind = SchedulerRewind(self.schedulers, self.optimizers)
+        val = self.config.dataloaders.get("val")
+        if train.eval_interval:
+            self.validator = Validator(val, self.env)
+        elif val is not None:
+            self.print("dataloaders.val is not used: set train.eval_interval to validate every N steps")
+        if train.checkpoint_best:
+            self.best_checkpoint = BestCheckpoint(train.checkpoint_best, self.checkpoints.folders,
+                                                  self.is_main_process)
         seed_everything(train.seed + self.process_index)  # ranks differ from here on (dropout, noise)
 
     def get_dataloaders(self, data_config):
@@ -265,6 +281,7 @@ class Trainer(CheckpointHooks, Runner):
                     self._settle_skips()  # the flags that have reached the host; never waits
                     self._add_losses(self._step_losses, result)
                     self._metrics.advance(self.step)
+                    self.validate_if_due()
                     self.print_step()
                     self.save_checkpoint_step()
                     # the same step on every rank; so is a stop that one rank's settle found first
@@ -306,6 +323,52 @@ class Trainer(CheckpointHooks, Runner):
     def forward_step(self, batch_dict):
         """Return a loss tensor (per-sample losses are averaged), or a dict of named losses."""
         return self.model(batch_dict)
+
+    def validation_step(self, batch_dict):
+        """One batch of dataloaders.val (no gradients, eval mode): a tensor (logged as val/loss), a dict of
+        named scalars (val/<name>), or None; self.log_metric(name, value) works here too. Each value is
+        averaged over every sample of every rank. Default: forward_step's losses."""
+        return self.forward_step(batch_dict)
+
+    # -- metrics that are not trained ---------------------------------------------------------------
+    def log_metric(self, name, value):
+        """Log a scalar that is not trained (a tensor, its mean, or a number) from anywhere in a step:
+        summed on the device, averaged over the calls since the last log step and over the ranks there.
+        Inside validation_step: a validation result (val/<name>)."""
+        self._metric_sink.add(name, value)
+
+    def log_metrics(self, values):
+        for name, value in values.items():
+            self.log_metric(name, value)
+
+    @contextlib.contextmanager
+    def metrics_into(self, sums):
+        """While inside: log_metric adds to `sums` (a MetricSums) instead of the training log's."""
+        saved, self._metric_sink = self._metric_sink, sums
+        try:
+            yield sums
+        finally:
+            self._metric_sink = saved
+
+    # -- validation -----------------------------------------------------------------------------
+    def validate(self):
+        """validation_step over dataloaders.val (every rank its part, on the EMA weights with
+        train.eval_ema); returns {'val/<name>': float}, the same on every rank. A collective: every rank
+        calls it."""
+        if self.validator is None:
+            raise ConfigError("validate(): set train.eval_interval and dataloaders.val")
+        return self.validator.run(self, on_ema=self.train_config.eval_ema)
+
+    def validate_if_due(self):
+        """After every step: validate every train.eval_interval steps and at the last; the results are
+        logged with this step's scalars, and with train.checkpoint_best may make this step's checkpoint
+        the best."""
+        every = self.train_config.eval_interval
+        if self.validator is None or (self.step % every and self.step != self.max_steps):
+            return
+        self._val_results = self.validate()
+        if self.best_checkpoint is not None:
+            self.best_checkpoint.update(self.step, self._val_results)
 
     def parse_losses(self, losses):
         """The loss to train from forward_step's output: each entry's mean, summed; each (and their sum,
@@ -361,10 +424,16 @@ class Trainer(CheckpointHooks, Runner):
     def print_step(self):
         """Every log_interval steps (and at the last): the averaged losses, lr, grad norm and timing, on the
         main process's log, tracker and progress bar. The one place the loop waits for the device."""
-        if self.step % self.train_config.log_interval and self.step != self.max_steps:
+        validated, self._val_results = self._val_results, None
+        if self.step % self.train_config.log_interval and self.step != self.max_steps and validated is None:
             return
         self._settle_skips(wait=True)
         scalars = self._scalars(self._sums, self._counted, self._result.grad_norm)
+        for name, value in {**self._logged_metrics.average(cpu_group=self.env.cpu_group), **(validated or {})}.items():
+            if name in scalars:
+                raise ConfigError(f"log_metric: {name!r} is already logged (a loss, or one of lr, grad_norm):"
+                                  " give the metric another name")
+            scalars[name] = value
         self.last_metrics = self._metrics.log_step(self.step, scalars)
         self._sums, self._counted = {}, 0
 
@@ -405,6 +474,22 @@ class Trainer(CheckpointHooks, Runner):
     def _settle_skips(self, wait=False):
         """Settle the NaN guard's pending steps (NanGuard.settle); never waits unless `wait`."""
         self.nan_guard.settle(self.step, wait, self._scheduler_rewind.settled)
+
+    def save_checkpoint(self):
+        super().save_checkpoint()
+        if self.best_checkpoint is not None:
+            self.best_checkpoint.saved(self.step, self.cur_epoch)
+
+    def state_dict(self):
+        state = super().state_dict()
+        if self.best_checkpoint is not None:
+            state["best"] = self.best_checkpoint.state_dict()
+        return state
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        if self.best_checkpoint is not None:
+            self.best_checkpoint.load_state_dict(state.get("best"))
 
     def abandon(self):
         self.strategy.close()

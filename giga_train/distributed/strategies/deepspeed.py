@@ -2,7 +2,8 @@
 
 The trainer still owns the accumulation boundary: every micro-batch is backward then engine.step()
 (DeepSpeed requires both per micro-batch), and the engine's gradient_accumulation_steps is ours, so
-its boundary and the trainer's agree. Clipping, loss scaling and bf16/fp16 are the engine's."""
+its boundary and the trainer's agree. Clipping, loss scaling and bf16/fp16 weights are the engine's; the
+forward runs under the same autocast as every other strategy."""
 import contextlib
 import os
 
@@ -65,8 +66,9 @@ class DeepSpeedStrategy(Strategy):
     def optimizer_layout(self):
         return self._layout
 
-    def autocast(self):
-        return contextlib.nullcontext()  # the engine runs the module in bf16/fp16 itself
+    # autocast(): the base's, as under every other strategy. The engine holds the module's weights in
+    # bf16/fp16 itself; autocast casts float inputs to them at each matmul/conv, so a forward_step written
+    # for NO/DDP/FSDP (float inputs) runs here unchanged, and losses and norms are computed in fp32.
 
     def accumulating(self, accumulating):
         self._accumulating = accumulating
