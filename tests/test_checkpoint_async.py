@@ -50,10 +50,10 @@ class AsyncRun(TinyTrainer):
     def save_checkpoint(self):
         saved, write_model = self.step, type(self.checkpoints).write_model.__get__(self.checkpoints)
 
-        def lagging_write_model(*args):
+        def lagging_write_model(*args, **kwargs):
             while self.step == saved and not self.waiting:
                 time.sleep(0.005)
-            write_model(*args)
+            write_model(*args, **kwargs)
         self.checkpoints.write_model = lagging_write_model
         return super().save_checkpoint()
 
