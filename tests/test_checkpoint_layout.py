@@ -15,12 +15,10 @@ from giga_train.checkpoint import list_checkpoints, read_meta, read_weights, sav
 from tests.distributed import assert_same_weights
 from tests.tiny import TinyTrainer, tiny_config
 
-try:  # the model classes must import in the spawned ranks too: module level
-    from diffusers import ConfigMixin, ModelMixin
-    from diffusers.configuration_utils import register_to_config
-    from transformers import LlamaConfig, LlamaForCausalLM
-except ImportError as e:  # pragma: no cover - both are in the test extra
-    raise ImportError(f"tests/test_checkpoint_layout.py needs diffusers and transformers: {e}") from None
+# diffusers and transformers are in the test extra; the model classes are at module level for the spawned ranks
+from diffusers import ConfigMixin, ModelMixin
+from diffusers.configuration_utils import register_to_config
+from transformers import LlamaConfig, LlamaForCausalLM
 
 LLAMA = dict(vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
              num_key_value_heads=2, max_position_embeddings=16, tie_word_embeddings=False)

@@ -93,16 +93,21 @@ class Checkpointer:
             raise self.stopped_by_full_disk(step, tmp, disk) from None
 
     def commit(self, tmp, meta):
-        """Put the written folder `tmp` in place (main rank), then clean_up."""
+        """Put the written folder `tmp` in place (main rank; the manager applies the rolling limit), then
+        drop old optimizer state (drop_old_optimizer_state)."""
         final = self.folders.commit(tmp, meta)
-        self.clean_up()
+        self.drop_old_optimizer_state()
         return final
 
     def clean_up(self, total_limit=None):
-        """The rolling limit (`total_limit`, else train.checkpoint_total_limit) and, with
-        train.checkpoint_save_optimizer=False, the engine state dropped from the rolling checkpoints of this
-        run's history but the OPTIMIZER_KEPT newest (checkpoint_keeps keep theirs, as in GigaTrain)."""
+        """GigaTrain's remove_checkpoint: the rolling limit (`total_limit`, else train.checkpoint_total_limit),
+        then drop_old_optimizer_state."""
         self.folders.rotate(total_limit)
+        self.drop_old_optimizer_state()
+
+    def drop_old_optimizer_state(self):
+        """With train.checkpoint_save_optimizer=False: the engine state dropped from the rolling checkpoints
+        of this run's history but the OPTIMIZER_KEPT newest (checkpoint_keeps keep theirs, as in GigaTrain)."""
         if not self.keep_old_optimizer_state:
             for path in self.folders.rolling()[OPTIMIZER_KEPT:]:
                 self.folders.strip(path, ENGINE_STATE)
