@@ -103,12 +103,22 @@ def test_load_checkpoint_reads_model_folders_into_the_model_of_their_class(one_p
         trainer.load_checkpoint(f"{name}/denoiser", [lm])
 
 
-def test_fsdp2_at_two_ranks_writes_the_folders_one_process_writes(one_process, tmp_path):
-    wrap = dict(fsdp_config=dict(fsdp_version=2, fsdp_transformer_layer_cls_to_wrap=["LlamaDecoderLayer",
-                                                                                       "TinyDenoiser"]))
-    launch_from_config(hub_job(tmp_path, ranks=2, launch=wrap))
+SHARDED = {  # TinyDenoiser sharded on its own under FSDP2, which then names its class FSDPTinyDenoiser
+    "FSDP2": ("FSDP", dict(fsdp_config=dict(fsdp_version=2, fsdp_transformer_layer_cls_to_wrap=[
+        "LlamaDecoderLayer", "TinyDenoiser"]))),
+    "ZeRO-3": ("DEEPSPEED", dict(deepspeed_config=dict(deepspeed_config_file="zero3.json"))),
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(SHARDED))
+def test_sharded_at_two_ranks_writes_the_folders_one_process_writes(one_process, tmp_path, strategy):
+    """The whole weights gathered on rank 0 (FSDP2's full state dict, ZeRO-3's fp32 master weights) in the
+    same folders, equal to one process's within fp32 tolerance; config.json names the module's own class."""
+    distributed_type, launch = SHARDED[strategy]
+    cfg = hub_job(tmp_path, ranks=2, launch=launch)
+    cfg["launch"]["distributed_type"] = distributed_type
+    launch_from_config(cfg)
     folder = newest(tmp_path)
-    # TinyDenoiser is sharded on its own (FSDP2 names its class FSDPTinyDenoiser): config.json keeps the name
     assert json.load(open(os.path.join(folder, "denoiser", "config.json")))["_class_name"] == "TinyDenoiser"
     assert_same_weights(pretrained(folder), pretrained(newest(one_process[0])))
 

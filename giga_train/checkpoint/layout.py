@@ -6,7 +6,8 @@
                      of its kind, so that diffusers' and transformers' `from_pretrained` read the folder
       <name>_ema/    with EMA: the same for the averaged weights (ema_config.json beside them)
       model.safetensors   with EMA: the live weights, keys of the whole model (GigaTrain leaves them to
-                     Accelerate's file of this name; its member folders then hold only EMA)
+                     Accelerate's file of this name, safetensors by default; its member folders then hold
+                     only EMA). Resume reads them; tools read the folders.
 
 meta.json's `layout` records the folders and their key prefixes, so a checkpoint reads back without the
 model that wrote it; checkpoints written before (no `layout`: `model/`, `model_ema/`) still read."""

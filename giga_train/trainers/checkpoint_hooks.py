@@ -66,8 +66,8 @@ class CheckpointHooks:
                 raise ConfigError(f"{folder}: holds a {class_name}, and no model given is one (No model loaded)")
             try:
                 state = load_state_dict(folder)
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"{folder}: {e}") from None
+            except (OSError, ValueError) as e:  # names the folder or file
+                raise ConfigError(f"load_checkpoint: {e}") from None
             result = model.load_state_dict(state, strict=strict)
             self.print("loaded %s from %s%s", class_name or module_class_name(model), folder,
                        "" if strict else f" ({result})")
