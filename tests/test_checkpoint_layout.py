@@ -172,3 +172,16 @@ def test_a_checkpoint_of_the_layout_before_still_resumes(tmp_path):
     resumed = launch_from_config(dict(cfg, train=dict(cfg["train"], resume=path)))
     assert resumed.step == 4
     assert_same_weights(read_weights(newest(tmp_path / "a")), uninterrupted, rtol=0, atol=0)
+
+
+def test_load_checkpoint_reads_a_sharded_transformers_folder(one_process, tmp_path):
+    """Big models' folders as transformers writes them: `model-0000i-of-0000N.safetensors` and
+    `model.safetensors.index.json` (diffusers: diffusion_pytorch_model-...); read through the index."""
+    _, trainer = one_process
+    torch.manual_seed(1)
+    source = LlamaForCausalLM(LlamaConfig(**LLAMA))
+    source.save_pretrained(str(tmp_path / "lm"), max_shard_size="20KB")
+    assert (tmp_path / "lm" / "model.safetensors.index.json").is_file() and len(list(tmp_path.glob("lm/model-*"))) > 1
+    target = LlamaForCausalLM(LlamaConfig(**LLAMA))
+    trainer.load_checkpoint(str(tmp_path / "lm"), [TinyDenoiser(16), target])
+    assert_same_weights(target.state_dict(), source.state_dict(), rtol=0, atol=0)
