@@ -164,9 +164,9 @@ def test_export_from_deepspeed_takes_its_fp32_master_weights(tmp_path):
 
 
 def test_export_from_a_two_rank_fsdp2_checkpoint(tmp_path):
-    from giga_train.checkpoint import load_weights
+    from giga_train.checkpoint import read_weights
     _, checkpoint = run(tmp_path, "LlamaTrainer", launch=dict(distributed_type="FSDP", num_processes=2))
     assert main(["export", checkpoint, "--to", "hf"]) == 0
     loaded = transformers.LlamaForCausalLM.from_pretrained(checkpoint + "_hf").state_dict()
-    gathered = load_weights(os.path.join(checkpoint, "model"))  # the whole weights rank 0 gathered
+    gathered = read_weights(checkpoint)  # the whole weights rank 0 gathered
     assert loaded.keys() == gathered.keys() and all(torch.equal(loaded[k], gathered[k]) for k in loaded)

@@ -10,7 +10,7 @@ import torch
 from examples.char_lm.data import StdlibText
 from examples.char_lm.model import CharLM
 from giga_train import launch_from_config
-from giga_train.checkpoint import list_checkpoints, load_weights
+from giga_train.checkpoint import list_checkpoints, read_weights
 from giga_train.config import Config
 from giga_train.errors import ConfigError
 from giga_train.schema import validate_config
@@ -103,7 +103,7 @@ def test_validation_on_ema_weights_leaves_the_training_unchanged(tmp_path):
     run(tmp_path / "plain", eval_interval=None)
     got, plain = final_weights(tmp_path / "eval"), final_weights(tmp_path / "plain")
     assert all(torch.equal(got[k], plain[k]) for k in plain)
-    ema = load_weights(os.path.join(list_checkpoints(str(tmp_path / "eval" / "models"))[-1][1], "model_ema"))
+    ema = read_weights(list_checkpoints(str(tmp_path / "eval" / "models"))[-1][1], ema=True)
     assert trainer.last_metrics["val/loss"] == pytest.approx(val_mean(ema), rel=1e-5)
     assert not torch.equal(ema["head.weight"], got["head.weight"])  # the average is not the trained weights
 

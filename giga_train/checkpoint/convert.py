@@ -12,8 +12,9 @@ import os
 import torch
 
 from ..errors import ConfigError
-from .manager import is_complete
-from .state import load_weights, save_weights
+from .layout import read_weights as layout_weights
+from .manager import is_complete, read_meta
+from .state import save_weights
 
 
 def convert(checkpoint, to, out=None):
@@ -40,7 +41,7 @@ def convert(checkpoint, to, out=None):
 def read_state(checkpoint):
     """(whole fp32 weights, full optimizer state dict keyed by parameter name) of a checkpoint."""
     from .portable import deepspeed_meta, deepspeed_parameters, read_dcp, read_deepspeed
-    weights = _saved_weights(checkpoint, "model")
+    weights = read_weights(checkpoint)
     if deepspeed_meta(checkpoint) is None:
         return weights, read_dcp(checkpoint)
     fp32, optimizer = read_deepspeed(checkpoint, *deepspeed_parameters(checkpoint))
@@ -50,18 +51,11 @@ def read_state(checkpoint):
 
 def read_weights(checkpoint, ema=False):
     """The whole model state dict of a checkpoint written by any strategy (`ema`: the moving average's).
-    model/ holds it whole whatever the engine (DeepSpeed's fp32 master weights, not its bf16 module), so
-    no engine state is read."""
+    The model folders hold it whole whatever the engine (DeepSpeed's fp32 master weights, not its bf16
+    module), so no engine state is read."""
     if not is_complete(checkpoint):
         raise ConfigError(f"{checkpoint}: not a complete checkpoint folder (no meta.json)")
-    name = "model_ema" if ema else "model"
-    if not os.path.isdir(os.path.join(checkpoint, name)):
-        raise ConfigError(f"{checkpoint}: no {name}/ folder"
-                          + (" (the run had train.with_ema off)" if ema else ""))
-    return _saved_weights(checkpoint, name)
-
-
-def _saved_weights(checkpoint, name):
-    """save_weights' files in `checkpoint/name`: one model.safetensors, or one file per ModuleDict member."""
-    files = os.listdir(os.path.join(checkpoint, name))
-    return load_weights(os.path.join(checkpoint, name), members=not any(f.startswith("model.") for f in files))
+    meta = read_meta(checkpoint)
+    if ema and not meta.get("ema"):
+        raise ConfigError(f"{checkpoint}: no EMA weights (the run had train.with_ema off)")
+    return layout_weights(checkpoint, meta, ema=ema)
