@@ -1,10 +1,16 @@
-"""Samplers: DefaultSampler (GigaTrain's order, cut per rank, resumable), ParallelBatchSampler, build_sampler."""
+"""Samplers: DefaultSampler (GigaTrain's order, cut per rank, resumable), ParallelBatchSampler, build_sampler,
+and EpochPlan (any other sampler or batch sampler, made resumable)."""
+import contextlib
+import itertools
 import math
+import random
 
 import numpy as np
+import torch
 from torch.utils.data import Sampler
 
 from ..registry import SAMPLERS, build_module
+from .giga_datasets import register_samplers
 
 
 @SAMPLERS.register
@@ -124,20 +130,67 @@ class ParallelBatchSampler(Sampler):
                 yield batch
 
 
-def _giga_datasets_samplers(registry):
-    """GigaTrain registers giga_datasets' samplers when that package is installed; so do we, the
-    first time a config names a sampler we do not have (DefaultSampler stays ours: the same order,
-    cut per rank)."""
-    try:
-        import giga_datasets
-    except ImportError:
-        return
-    for name in ("AspectRatioSampler", "BucketBatchSampler", "BucketSampler", "SpecialDatasetSampler"):
-        if hasattr(giga_datasets, name) and name not in registry:
-            registry.register(getattr(giga_datasets, name), name=name)
+class EpochPlan:
+    """This rank's micro-batches of one epoch of a sampler that cannot say where it is (giga_datasets'
+    bucket and aspect-ratio samplers, a batch_sampler, a user's sampler): the epoch is drawn whole, as
+    index lists, cut into per-GPU batches (a sampler) or taken as they come (a batch sampler, whose
+    batches may differ in size), each repeated `repeat` times (GigaTrain's data_parallel_size), then
+    dealt round-robin to the ranks as Accelerate deals GigaTrain's batches (every rank gets as many:
+    the last ones are filled from the epoch's start). `self_sharded`: the sampler cut itself per rank.
+
+    A resume draws the epoch again and skips the batches consumed (GigaTrain's skip, on indices only:
+    no sample is loaded for them). It is exact because drawing runs with Python's, NumPy's and torch's
+    global RNGs seeded from (seed, epoch) and restored afterwards: giga_datasets' samplers reseed
+    NumPy's and BucketBatchSampler shuffles with Python's `random`, so the order is the same on every
+    rank, in a resumed run, and the caller's RNG streams are left as they were."""
+
+    def __init__(self, source, batch_size_per_gpu, seed, rank=0, world_size=1, yields_batches=False, repeat=1,
+                 self_sharded=False):
+        self.source, self.batch_size_per_gpu, self.seed = source, batch_size_per_gpu, seed
+        self.rank, self.world_size, self.repeat = rank, world_size, repeat
+        self.yields_batches, self.self_sharded = yields_batches, self_sharded
+        self._cached = (None, None)
+
+    def batches(self, epoch):
+        if self._cached[0] != epoch:
+            self._cached = (epoch, self._draw(epoch))
+        return self._cached[1]
+
+    def _draw(self, epoch):
+        with _seeded_rngs(self.seed * 100003 + epoch):
+            if hasattr(self.source, "set_epoch"):
+                self.source.set_epoch(epoch)
+            drawn = list(itertools.islice(iter(self.source), len(self.source)))  # one pass of an infinite one
+        if self.yields_batches:
+            batches = [[int(i) for i in batch] for batch in drawn]
+        else:
+            drawn = [int(i) for i in drawn]
+            batches = [drawn[i:i + self.batch_size_per_gpu] for i in range(0, len(drawn), self.batch_size_per_gpu)]
+        if not batches:
+            raise ValueError(f"{type(self.source).__name__} yields no batch for epoch {epoch}")
+        batches = [batch for batch in batches for _ in range(self.repeat)]
+        if self.self_sharded or self.world_size == 1:
+            return batches
+        short = -len(batches) % self.world_size
+        batches = batches + [batches[i % len(batches)] for i in range(short)]
+        return batches[self.rank::self.world_size]
 
 
-SAMPLERS.add_provider(_giga_datasets_samplers)
+@contextlib.contextmanager
+def _seeded_rngs(seed):
+    python, numpy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(python)
+            np.random.set_state(numpy)
+
+
+SAMPLERS.add_provider(register_samplers)  # giga_datasets' samplers, looked up at the first unknown name
 
 
 def build_sampler(params_or_type, *args, **kwargs):
@@ -145,4 +198,4 @@ def build_sampler(params_or_type, *args, **kwargs):
     return build_module(SAMPLERS, params_or_type, *args, **kwargs)
 
 
-__all__ = ["DefaultSampler", "ParallelBatchSampler", "build_sampler"]
+__all__ = ["DefaultSampler", "EpochPlan", "ParallelBatchSampler", "build_sampler"]

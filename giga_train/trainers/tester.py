@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from ..data import build_dataset
-from ..registry import TRANSFORMS, import_object
+from ..data import open_dataset
+from ..registry import TRANSFORMS
 from ..schema import tester_kwargs
 from ..utils import as_list
 from .runner import Runner
@@ -70,11 +70,10 @@ class Tester(Runner):
 
     def get_dataloaders(self, data_config):
         """A DataLoader over this rank's part of the dataset, in order (no shuffling, no padding)."""
-        dataset = build_dataset(data_config.data_or_config)
         transform = TRANSFORMS.build(data_config.transform) if data_config.get("transform") else None
+        dataset, transform, collate = open_dataset(data_config, transform, "dataloaders.test")
         batches = RankShard(len(dataset), data_config.get("batch_size_per_gpu", 1), self.process_index,
                             self.num_processes)
-        collate = import_object(data_config.collate_fn) if data_config.get("collate_fn") else None
         return torch.utils.data.DataLoader(_Transformed(dataset, transform), batch_sampler=batches,
                                            num_workers=data_config.get("num_workers", 0), collate_fn=collate)
 
