@@ -514,7 +514,9 @@ def main():
         return
     os.makedirs(workdir, exist_ok=True)
     env = dict(os.environ)
-    env.pop('PYTHONPATH', None)           # nothing of the caller's (our repository) on the path
+    env.pop('PYTHONPATH', None)           # nothing of the caller's (our repository) on the path ...
+    if os.environ.get('RECORD_GIGA_TRAIN_PATH'):  # ... unless asked: giga-train's checkout run by another Python
+        env['PYTHONPATH'] = os.environ['RECORD_GIGA_TRAIN_PATH']
     env.pop('AIHC_TENSORBOARD_LOG_PATH', None)
     env.setdefault('CUDA_VISIBLE_DEVICES', '')
     env.setdefault('OMP_NUM_THREADS', '1')
