@@ -102,13 +102,16 @@ def test_ddp_two_ranks_stopped_and_resumed(tmp_path):
     assert {len(r["index"]) for rank in range(2) for r in doc["seen"][rank]} == {2, 3}
 
 
-def test_disk_scenario_steps_equal_gigatrains(reference_docs, tmp_path):
+def test_disk_scenario_steps_equal_gigatrains(tmp_path):
     """The recorded client's `disk` scenario (two PklDataset folders as a list, filter, a TRANSFORMS
-    transform, collator, the sampler's own seed), run by GigaTrain 1.1 and by ours: the same samples per
-    step, the same lr, losses within 1e-5 (torch builds differ)."""
+    transform, collator, the sampler's own seed), run by GigaTrain 1.1 (its recording in
+    tests/reference/snapshots, which tests/test_reference_sanity.py checks against a live run) and by
+    ours: the same samples per step, the same lr, losses within 1e-5 (torch builds differ)."""
+    with open(os.path.join(ROOT, "tests", "reference", "snapshots", "disk.json")) as f:
+        reference = json.load(f)
     ours = harness.record("disk", tmp_path, python=reference_python(), allow_failure=True, giga_train_path=ROOT)
-    assert ours["implementation"]["giga_train"] != "1.1.0"
-    ref_run, our_run = (harness.trainer_run(doc, 0) for doc in (reference_docs["disk"], ours))
+    assert ours["implementation"]["giga_train"] != "1.1.0" and reference["implementation"]["giga_train"] == "1.1.0"
+    ref_run, our_run = (harness.trainer_run(doc, 0) for doc in (reference, ours))
     assert [[m["indices"] for m in s["micro_batches"]] for s in our_run["steps"]] == \
         [[m["indices"] for m in s["micro_batches"]] for s in ref_run["steps"]]
     assert [s["lr"] for s in our_run["steps"]] == [s["lr"] for s in ref_run["steps"]]
