@@ -100,6 +100,9 @@ def test_ddp_two_ranks_stopped_and_resumed(tmp_path):
         assert [r["step"] for r in doc["seen"][rank]] == [1, 2, 3, 4, 5, 6]
         assert [r["index"] for r in doc["seen"][rank]] == doc["expected"][rank]
     assert {len(r["index"]) for rank in range(2) for r in doc["seen"][rank]} == {2, 3}
+    assert doc["skip_lines"] == ["resume: BucketBatchSampler cannot say where it is; epoch 0's order is drawn again"
+                                 " and its first 3 batches skipped (their indices only, as GigaTrain skips consumed"
+                                 " batches)"]
 
 
 def test_disk_scenario_steps_equal_gigatrains(tmp_path):
@@ -171,3 +174,18 @@ def test_filter_on_a_dataset_without_one_names_it(monkeypatch):
 def test_a_missing_folder_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"^dataloaders.train.data_or_config: no dataset folder .*nowhere'$"):
         stream(loader(data_or_config=str(tmp_path / "nowhere")))
+
+
+def test_data_parallel_size_repeats_each_batch_as_gigatrains_parallel_batch_sampler():
+    """GigaTrain wraps the batch sampler in ParallelBatchSampler, then Accelerate deals its batches to the
+    ranks round-robin: each batch twice in a row at one rank, each batch at both of two ranks."""
+    from giga_train import DefaultSampler, ParallelBatchSampler
+    cfg = loader(data_or_config=dict(_class_name="CountingDataset", size=10), sampler=dict(type="DefaultSampler"))
+    for world_size in (1, 2):
+        order = DefaultSampler(CountingDataset(10), batch_size=2 * world_size).epoch_order(0).tolist()
+        expected = list(ParallelBatchSampler(torch.utils.data.BatchSampler(order, 2, False), data_parallel_size=2))
+        ranks = [DataStream(cfg, seed=1, rank=r, world_size=world_size, device=torch.device("cpu"), data_parallel_size=2)
+                 for r in range(world_size)]
+        assert all(len(s) == len(expected) // world_size for s in ranks)
+        got = [[next(s)["index"].tolist() for _ in range(len(s))] for s in ranks]
+        assert got == [expected[r::world_size] for r in range(world_size)]
