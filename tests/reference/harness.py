@@ -39,8 +39,11 @@ def reference_python(venv=VENV):
     with open(venv.rstrip('/') + '.lock', 'w') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _stale(stamp):
+            # No PYTHONPATH: with this repository on it, setup.sh's final check imports our giga_train, not
+            # GigaTrain's, fails, and the next call removes the venv to build it again.
+            env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
             proc = subprocess.run(['bash', os.path.join(HERE, 'setup.sh'), venv], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
+                                  stderr=subprocess.STDOUT, text=True, env=env)
             if proc.returncode != 0 or not os.path.exists(stamp):
                 raise RuntimeError('building the GigaTrain reference venv failed (exit %d):\n%s'
                                    % (proc.returncode, proc.stdout[-6000:]))
