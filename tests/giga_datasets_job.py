@@ -159,6 +159,9 @@ class IndexTrainer(Trainer):
         return (self.model(x).squeeze(1) - noise).pow(2).mean()
 
 
+LAUNCH = dict(FSDP=dict(fsdp_config=dict(fsdp_version=2)))  # FSDP2 (FSDP1 is CUDA only)
+
+
 def ddp(work, name="bucket_batch", strategy="DDP"):
     from giga_train import launch_from_config
     paths = write_data(os.path.join(work, "data"))
@@ -167,7 +170,8 @@ def ddp(work, name="bucket_batch", strategy="DDP"):
     for max_steps, resume in ((3, False), (6, True)):
         launch_from_config(dict(
             runners=["tests.giga_datasets_job.IndexTrainer"], project_dir=project,
-            launch=dict(distributed_type=strategy, num_processes=2), dataloaders=dict(train=loader), models={},
+            launch=dict(distributed_type=strategy, num_processes=2, **LAUNCH.get(strategy, {})),
+            dataloaders=dict(train=loader), models={},
             optimizers=dict(type="SGD", lr=1e-4), schedulers=dict(type="ConstantScheduler"),
             train=dict(max_steps=max_steps, resume=resume, checkpoint_interval=3, log_with="none", progress_bar=False,
                        seed=3)))

@@ -26,12 +26,13 @@ from tests.tiny import CountingDataset  # noqa: F401  (registers it in DATASETS)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def job(mode, work):
+def job(mode, work, *args):
     """tests/giga_datasets_job.py's JSON for `mode`, run under the reference venv's Python with our package."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT")}
     env.update(PYTHONPATH=ROOT, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-    proc = subprocess.run([reference_python(), "-c", f"from tests.giga_datasets_job import main; main({mode!r}, "
-                           f"{str(work)!r})"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    call = ", ".join(repr(a) for a in (mode, str(work), *args))
+    proc = subprocess.run([reference_python(), "-c", f"from tests.giga_datasets_job import main; main({call})"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("JSON:")), None)
     assert proc.returncode == 0 and line, f"{mode} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
     doc = json.loads(line[len("JSON:"):])
@@ -92,17 +93,20 @@ def test_resume_with_workers_keeps_their_randomness(streams, name):
     assert len(set(noise)) > len(noise) // 2  # random indeed (repeats: samples padded into an epoch twice)
 
 
-def test_ddp_two_ranks_stopped_and_resumed(tmp_path):
-    """Our Trainer, DDP at 2 gloo ranks, BucketBatchSampler (per-GPU batches of 2 and 3): 3 steps, then a
-    relaunch resumes to 6; each rank's micro-batches are those of an uninterrupted stream of that rank."""
-    doc = job("ddp", tmp_path)
+@pytest.mark.parametrize("strategy,name,sampler", [("DDP", "bucket_batch", "BucketBatchSampler"),
+                                                   ("FSDP", "bucket", "BucketSampler")])
+def test_two_ranks_stopped_and_resumed(tmp_path, strategy, name, sampler):
+    """Our Trainer at 2 gloo ranks (DDP; FSDP2), with BucketBatchSampler (per-GPU batches of 2 and 3) or
+    BucketSampler: 3 steps, then a relaunch resumes to 6; each rank's micro-batches are those of an
+    uninterrupted stream of that rank, and the resume says in the log that it skipped by index."""
+    doc = job("ddp", tmp_path, name, strategy)
     for rank in range(2):
         assert [r["step"] for r in doc["seen"][rank]] == [1, 2, 3, 4, 5, 6]
         assert [r["index"] for r in doc["seen"][rank]] == doc["expected"][rank]
-    assert {len(r["index"]) for rank in range(2) for r in doc["seen"][rank]} == {2, 3}
-    assert doc["skip_lines"] == ["resume: BucketBatchSampler cannot say where it is; epoch 0's order is drawn again"
-                                 " and its first 3 batches skipped (their indices only, as GigaTrain skips consumed"
-                                 " batches)"]
+    sizes = {len(r["index"]) for rank in range(2) for r in doc["seen"][rank]}
+    assert sizes == ({2, 3} if name == "bucket_batch" else {2})
+    assert doc["skip_lines"] == [f"resume: {sampler} cannot say where it is; epoch 0's order is drawn again and its"
+                                 " first 3 batches skipped (their indices only, as GigaTrain skips consumed batches)"]
 
 
 def test_disk_scenario_steps_equal_gigatrains(tmp_path):
