@@ -69,7 +69,8 @@ def test_shuffled_bucket_batches_are_gigatrains_in_another_order(streams):
     seeded from (sampler seed, epoch): the same batches (GigaTrain's, sizes 2 and 3 here), in an order that
     is the same on every rank and after a resume."""
     for world_size in (1, 2):
-        ours, gigatrain = streams["ours"][f"bucket_batch/{world_size}"], streams["gigatrain"][f"bucket_batch/{world_size}"]
+        key = f"bucket_batch/{world_size}"
+        ours, gigatrain = streams["ours"][key], streams["gigatrain"][key]
         length = ours[0]["epoch_length"]
         mine = sorted(tuple(b) for rank in range(world_size) for b in indices(ours[rank]["uninterrupted"])[:length])
         theirs = sorted(tuple(b) for rank in range(world_size) for b in gigatrain[rank][:length])
@@ -188,8 +189,8 @@ def test_data_parallel_size_repeats_each_batch_as_gigatrains_parallel_batch_samp
     for world_size in (1, 2):
         order = DefaultSampler(CountingDataset(10), batch_size=2 * world_size).epoch_order(0).tolist()
         expected = list(ParallelBatchSampler(torch.utils.data.BatchSampler(order, 2, False), data_parallel_size=2))
-        ranks = [DataStream(cfg, seed=1, rank=r, world_size=world_size, device=torch.device("cpu"), data_parallel_size=2)
-                 for r in range(world_size)]
+        ranks = [DataStream(cfg, seed=1, rank=r, world_size=world_size, device=torch.device("cpu"),
+                            data_parallel_size=2) for r in range(world_size)]
         assert all(len(s) == len(expected) // world_size for s in ranks)
         got = [[next(s)["index"].tolist() for _ in range(len(s))] for s in ranks]
         assert got == [expected[r::world_size] for r in range(world_size)]
