@@ -110,14 +110,16 @@ def test_two_ranks_stopped_and_resumed(tmp_path, strategy, name, sampler):
                                  " first 3 batches skipped (their indices only, as GigaTrain skips consumed batches)"]
 
 
-def test_disk_scenario_steps_equal_gigatrains(tmp_path):
+@pytest.mark.parametrize("scenario,steps", [("disk", 6), ("disk_bucket", 9)])
+def test_disk_scenarios_steps_equal_gigatrains(tmp_path, scenario, steps):
     """The recorded client's `disk` scenario (two PklDataset folders as a list, filter, a TRANSFORMS
-    transform, collator, the sampler's own seed), run by GigaTrain 1.1 (its recording in
+    transform, collator, the sampler's own seed) and `disk_bucket` (BucketSampler over two giga_datasets
+    `Dataset` folders, into the second epoch), run by GigaTrain 1.1 (its recordings in
     tests/reference/snapshots, which tests/test_reference_sanity.py checks against a live run) and by
     ours: the same samples per step, the same lr, losses within 1e-5 (torch builds differ)."""
-    with open(os.path.join(ROOT, "tests", "reference", "snapshots", "disk.json")) as f:
+    with open(os.path.join(ROOT, "tests", "reference", "snapshots", f"{scenario}.json")) as f:
         reference = json.load(f)
-    ours = harness.record("disk", tmp_path, python=reference_python(), allow_failure=True, giga_train_path=ROOT)
+    ours = harness.record(scenario, tmp_path, python=reference_python(), allow_failure=True, giga_train_path=ROOT)
     assert ours["implementation"]["giga_train"] != "1.1.0" and reference["implementation"]["giga_train"] == "1.1.0"
     ref_run, our_run = (harness.trainer_run(doc, 0) for doc in (reference, ours))
     assert [[m["indices"] for m in s["micro_batches"]] for s in our_run["steps"]] == \
@@ -125,7 +127,7 @@ def test_disk_scenario_steps_equal_gigatrains(tmp_path):
     assert [s["lr"] for s in our_run["steps"]] == [s["lr"] for s in ref_run["steps"]]
     expected = [[m["total_loss"] for m in s["micro_batches"]] for s in ref_run["steps"]]
     actual = [[m["total_loss"] for m in s["micro_batches"]] for s in our_run["steps"]]
-    assert len(expected) == 6 and not harness.diff(expected, actual, rtol=1e-5, atol=1e-7)
+    assert len(expected) == steps and not harness.diff(expected, actual, rtol=1e-5, atol=1e-7)
 
 
 # ------------------------------------------------------------------------- here, in our venv

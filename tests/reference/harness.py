@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 VENV = os.environ.get('GIGATRAIN_REF_VENV', os.path.join(ROOT, '.venv-gigatrain'))
 RECORD = os.path.join(HERE, 'record.py')
-SCENARIOS = ('main', 'resume', 'resume_epoch2', 'epochs_ema', 'disk')
+SCENARIOS = ('main', 'resume', 'resume_epoch2', 'epochs_ema', 'disk', 'disk_bucket')
 
 
 def _stale(stamp):
