@@ -30,6 +30,7 @@ def job(mode, work, *args):
     """tests/giga_datasets_job.py's JSON for `mode`, run under the reference venv's Python with our package."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT")}
     env.update(PYTHONPATH=ROOT, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    os.makedirs(work, exist_ok=True)
     call = ", ".join(repr(a) for a in (mode, str(work), *args))
     proc = subprocess.run([reference_python(), "-c", f"from tests.giga_datasets_job import main; main({call})"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -40,9 +41,39 @@ def job(mode, work, *args):
     return doc
 
 
+def record(scenario, work):
+    """A recorded-client scenario run by ours under the reference venv's Python."""
+    return harness.record(scenario, work, python=reference_python(), allow_failure=True, giga_train_path=ROOT)
+
+
 @pytest.fixture(scope="module")
-def streams(tmp_path_factory):
-    return job("streams", tmp_path_factory.mktemp("giga-datasets-streams"))
+def runs(tmp_path_factory):
+    """Every subprocess of this module, started at once in two queues (they mostly import; the two
+    2-rank launches in one queue, never side by side): {name: future of its JSON}."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+    work = tmp_path_factory.mktemp("giga-datasets")
+    queues = [[("DDP", job, "ddp", work / "ddp", "bucket_batch", "DDP"),
+               ("FSDP", job, "ddp", work / "fsdp", "bucket", "FSDP")],
+              [("streams", job, "streams", work / "streams"), ("disk", record, "disk", work),
+               ("disk_bucket", record, "disk_bucket", work)]]
+    futures = {entry[0]: Future() for queue in queues for entry in queue}
+
+    def drain(queue):
+        for name, fn, *args in queue:
+            try:
+                futures[name].set_result(fn(*args))
+            except BaseException as e:  # the test that reads it fails with it
+                futures[name].set_exception(e)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for queue in queues:
+            pool.submit(drain, queue)
+        yield futures
+
+
+@pytest.fixture(scope="module")
+def streams(runs):
+    return runs["streams"].result()
 
 
 def indices(batches):
@@ -96,11 +127,11 @@ def test_resume_with_workers_keeps_their_randomness(streams, name):
 
 @pytest.mark.parametrize("strategy,name,sampler", [("DDP", "bucket_batch", "BucketBatchSampler"),
                                                    ("FSDP", "bucket", "BucketSampler")])
-def test_two_ranks_stopped_and_resumed(tmp_path, strategy, name, sampler):
+def test_two_ranks_stopped_and_resumed(runs, strategy, name, sampler):
     """Our Trainer at 2 gloo ranks (DDP; FSDP2), with BucketBatchSampler (per-GPU batches of 2 and 3) or
     BucketSampler: 3 steps, then a relaunch resumes to 6; each rank's micro-batches are those of an
     uninterrupted stream of that rank, and the resume says in the log that it skipped by index."""
-    doc = job("ddp", tmp_path, name, strategy)
+    doc = runs[strategy].result()
     for rank in range(2):
         assert [r["step"] for r in doc["seen"][rank]] == [1, 2, 3, 4, 5, 6]
         assert [r["index"] for r in doc["seen"][rank]] == doc["expected"][rank]
@@ -111,7 +142,7 @@ def test_two_ranks_stopped_and_resumed(tmp_path, strategy, name, sampler):
 
 
 @pytest.mark.parametrize("scenario,steps", [("disk", 6), ("disk_bucket", 9)])
-def test_disk_scenarios_steps_equal_gigatrains(tmp_path, scenario, steps):
+def test_disk_scenarios_steps_equal_gigatrains(runs, scenario, steps):
     """The recorded client's `disk` scenario (two PklDataset folders as a list, filter, a TRANSFORMS
     transform, collator, the sampler's own seed) and `disk_bucket` (BucketSampler over two giga_datasets
     `Dataset` folders, into the second epoch), run by GigaTrain 1.1 (its recordings in
@@ -119,7 +150,7 @@ def test_disk_scenarios_steps_equal_gigatrains(tmp_path, scenario, steps):
     ours: the same samples per step, the same lr, losses within 1e-5 (torch builds differ)."""
     with open(os.path.join(ROOT, "tests", "reference", "snapshots", f"{scenario}.json")) as f:
         reference = json.load(f)
-    ours = harness.record(scenario, tmp_path, python=reference_python(), allow_failure=True, giga_train_path=ROOT)
+    ours = runs[scenario].result()
     assert ours["implementation"]["giga_train"] != "1.1.0" and reference["implementation"]["giga_train"] == "1.1.0"
     ref_run, our_run = (harness.trainer_run(doc, 0) for doc in (reference, ours))
     assert [[m["indices"] for m in s["micro_batches"]] for s in our_run["steps"]] == \
