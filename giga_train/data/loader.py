@@ -59,7 +59,8 @@ class _EpochPlanBatches(torch.utils.data.Sampler):
         self.plan, self.epoch, self.start = plan, 0, 0
 
     def __iter__(self):
-        return ([(self.epoch, i) for i in batch] for batch in self.plan.batches(self.epoch)[self.start:])
+        batches = self.plan.batches(self.epoch)
+        return ([(self.epoch, i) for i in batches[k]] for k in range(self.start, len(batches)))
 
     def __len__(self):
         return len(self.plan.batches(self.epoch)) - self.start

@@ -157,23 +157,45 @@ class EpochPlan:
         return self._cached[1]
 
     def _draw(self, epoch):
+        """This rank's batches, held as one index array and each batch's bounds (a list of Python ints per
+        sample would take ~36 bytes each: gigabytes per rank for a large dataset)."""
         with _seeded_rngs(self.seed * 100003 + epoch):
             if hasattr(self.source, "set_epoch"):
                 self.source.set_epoch(epoch)
-            drawn = list(itertools.islice(iter(self.source), len(self.source)))  # one pass of an infinite one
-        if self.yields_batches:
-            batches = [[int(i) for i in batch] for batch in drawn]
-        else:
-            drawn = [int(i) for i in drawn]
-            batches = [drawn[i:i + self.batch_size_per_gpu] for i in range(0, len(drawn), self.batch_size_per_gpu)]
-        if not batches:
+            drawn = itertools.islice(iter(self.source), len(self.source))  # one pass of an infinite one
+            if self.yields_batches:
+                lengths, flat = [], []
+                for batch in drawn:
+                    lengths.append(len(batch))
+                    flat.extend(int(i) for i in batch)
+                flat = np.asarray(flat, dtype=np.int64)
+                ends = np.cumsum(np.asarray(lengths, dtype=np.int64))
+                starts = ends - lengths
+            else:
+                flat = np.fromiter((int(i) for i in drawn), dtype=np.int64)
+                starts = np.arange(0, len(flat), self.batch_size_per_gpu, dtype=np.int64)
+                ends = np.minimum(starts + self.batch_size_per_gpu, len(flat))
+        if not len(starts):
             raise ValueError(f"{type(self.source).__name__} yields no batch for epoch {epoch}")
-        batches = [batch for batch in batches for _ in range(self.repeat)]
-        if self.self_sharded or self.world_size == 1:
-            return batches
-        short = -len(batches) % self.world_size
-        batches = batches + [batches[i % len(batches)] for i in range(short)]
-        return batches[self.rank::self.world_size]
+        starts, ends = np.repeat(starts, self.repeat), np.repeat(ends, self.repeat)
+        if not (self.self_sharded or self.world_size == 1):
+            dealt = np.arange(len(starts) + -len(starts) % self.world_size) % len(starts)
+            dealt = dealt[self.rank::self.world_size]
+            starts, ends = starts[dealt], ends[dealt]
+        return _Batches(flat, starts, ends)
+
+
+class _Batches:
+    """batch k = flat[starts[k]:ends[k]], as a list of ints."""
+
+    def __init__(self, flat, starts, ends):
+        self.flat, self.starts, self.ends = flat, starts, ends
+
+    def __len__(self):
+        return len(self.starts)
+
+    def __getitem__(self, k):
+        return self.flat[self.starts[k]:self.ends[k]].tolist()
 
 
 @contextlib.contextmanager
