@@ -94,6 +94,12 @@ def test_samples_per_micro_batch_are_gigatrains(streams, name, world_size):
         assert len(gigatrain[rank]) > ours[rank]["epoch_length"]  # the second epoch is compared too
 
 
+def test_giga_datasets_samplers_are_in_SAMPLERS(streams):
+    registered = streams["registered"]
+    assert registered.pop("DefaultSampler") == "giga_train.data.samplers"  # ours: GigaTrain's order, positioned
+    assert len(registered) == 7 and all(module.startswith("giga_datasets.samplers.") for module in registered.values())
+
+
 def test_shuffled_bucket_batches_are_gigatrains_in_another_order(streams):
     """The stated difference: BucketBatchSampler shuffles its batches with Python's global `random`, which it
     never seeds, so GigaTrain's order depends on the process's RNG history. Ours draws each epoch with it
