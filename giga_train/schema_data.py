@@ -1,5 +1,6 @@
 """The config schema's checks of what names a class to build: datasets (ours, or giga_datasets' when it is
 installed, as GigaTrain resolves them), samplers, optimizers, schedulers; one line for a bad name or argument."""
+from .data.giga_datasets import SAMPLER_NAMES, import_giga_datasets
 from .errors import ConfigError, RegistryError
 from .registry import DATASETS, TYPE_KEYS, check_call_arguments
 
@@ -7,7 +8,7 @@ from .registry import DATASETS, TYPE_KEYS, check_call_arguments
 def check_data(where, data):
     """GigaTrain's data_or_config: a dataset folder, dict(_class_name=...), a list of those, or a Dataset."""
     if isinstance(data, str):
-        return  # a giga_datasets folder: opened when the dataloader is built
+        return  # a giga_datasets folder: opened when the dataloader is built (which needs the package)
     if isinstance(data, dict):
         check_built(where, DATASETS, data, giga_datasets="dataset")
     elif isinstance(data, (list, tuple)):
@@ -31,6 +32,8 @@ def check_built(where, registry, cfg, supplied=(), giga_datasets=None):
         raise ConfigError(f"{where}: needs 'type' naming one of {', '.join(registry.names())}")
     name = next(cfg[k] for k in TYPE_KEYS if k in cfg)
     if giga_datasets and isinstance(name, str) and name not in registry and "." not in name:
+        if giga_datasets == "sampler" and name in SAMPLER_NAMES:
+            import_giga_datasets(where)  # GigaTrain's sampler names: one line naming the package if it is missing
         cls = _giga_datasets_class(name, giga_datasets)
         if cls is not None:
             if giga_datasets == "sampler":

@@ -9,8 +9,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..errors import ConfigError
-from ..registry import DATASETS, SAMPLERS, TRANSFORMS, import_object
-from .samplers import DefaultSampler
+from ..registry import SAMPLERS, TRANSFORMS
+from .giga_datasets import load_dataset, open_dataset
+from .samplers import DefaultSampler, EpochPlan
 
 log = logging.getLogger("giga_train")
 
@@ -51,6 +52,20 @@ class _EpochTagged(torch.utils.data.Sampler):
         return len(self.sampler)
 
 
+class _EpochPlanBatches(torch.utils.data.Sampler):
+    """An EpochPlan's batches from `start` on, each index keyed by the epoch (for _Samples)."""
+
+    def __init__(self, plan):
+        self.plan, self.epoch, self.start = plan, 0, 0
+
+    def __iter__(self):
+        batches = self.plan.batches(self.epoch)
+        return ([(self.epoch, i) for i in batches[k]] for k in range(self.start, len(batches)))
+
+    def __len__(self):
+        return len(self.plan.batches(self.epoch)) - self.start
+
+
 def _accepted(cls, extras):
     params = inspect.signature(cls).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
@@ -58,20 +73,22 @@ def _accepted(cls, extras):
     return {k: v for k, v in extras.items() if k in params}
 
 
-def build_dataset(data_or_config):
-    if isinstance(data_or_config, dict):
-        return DATASETS.build(data_or_config)
-    return data_or_config
+def build_dataset(data_or_config, where="data_or_config"):
+    """GigaTrain's data_or_config (a folder, a config dict, a list of them) or a Dataset, opened."""
+    return load_dataset(data_or_config, where)[0]
 
 
 class DataStream:
     """Micro-batches on the device. Position = (epoch, batches consumed in that epoch)."""
 
-    def __init__(self, cfg, seed, rank, world_size, device, accumulation=1):
+    def __init__(self, cfg, seed, rank, world_size, device, accumulation=1, data_parallel_size=1):
         """`seed` seeds the workers' sample RNGs; the sampler has its own (`sampler.seed`, GigaTrain's
         6666 by default), and is given GigaTrain's `batch_size`: the global batch of one optimizer step
-        (batch_size_per_gpu * world_size * accumulation), which DefaultSampler pads each epoch to."""
-        self.dataset = build_dataset(cfg.data_or_config)
+        (batch_size_per_gpu * world_size * accumulation), which DefaultSampler pads each epoch to.
+        Our DefaultSampler is positioned directly; any other sampler, a `batch_sampler`, and
+        `data_parallel_size` > 1 go through an EpochPlan (resumed by skipping consumed batches)."""
+        transform = TRANSFORMS.build(cfg.transform) if cfg.transform else None
+        self.dataset, transform, collate = open_dataset(cfg, transform, "dataloaders.train")
         if len(self.dataset) == 0:
             raise ConfigError("dataloaders.train.data_or_config: the dataset is empty (0 samples)")
         global_batch = cfg.batch_size_per_gpu * world_size * accumulation
@@ -81,26 +98,36 @@ class DataStream:
             raise ConfigError(f"dataloaders.train.batch_size_per_gpu: a global batch of {global_batch} samples"
                               f" ({cfg.batch_size_per_gpu} x {world_size} ranks x {accumulation} accumulation) is"
                               f" over 100 times the dataset ({len(self.dataset)} samples)")
-        transform = TRANSFORMS.build(cfg.transform) if cfg.transform else None
-        sampler_cfg = dict(cfg.sampler or dict(type="DefaultSampler"))
-        cls, kwargs = SAMPLERS.resolve(sampler_cfg)
-        extras = dict(dataset=self.dataset, batch_size=cfg.batch_size_per_gpu * world_size * accumulation,
-                      batch_size_per_gpu=cfg.batch_size_per_gpu, rank=rank, world_size=world_size)
-        kwargs = {**_accepted(cls, extras), **kwargs}
-        self.sampler = cls(**kwargs)
-        if isinstance(self.sampler, DefaultSampler):
+        yields_batches = cfg.get("batch_sampler") is not None
+        cls, kwargs = SAMPLERS.resolve(dict(cfg.batch_sampler if yields_batches else
+                                            cfg.sampler or dict(type="DefaultSampler")))
+        extras = dict(dataset=self.dataset, batch_size=global_batch, batch_size_per_gpu=cfg.batch_size_per_gpu,
+                      rank=rank, world_size=world_size)
+        accepted = _accepted(cls, extras)
+        ours = isinstance(cls, type) and issubclass(cls, DefaultSampler)
+        positioned = ours and not yields_batches and data_parallel_size == 1
+        if ours and not positioned:
+            accepted.update(rank=0, world_size=1)  # the whole order: the plan deals it to the ranks
+        self.sampler = cls(**{**accepted, **kwargs})
+        self.plan = None
+        if positioned:
             self.sampler.infinite = False  # this stream moves from epoch to epoch itself
+            self._tagged = _EpochTagged(self.sampler)
+            batching = dict(sampler=self._tagged, batch_size=cfg.batch_size_per_gpu, drop_last=False)
+        else:
+            self.plan = EpochPlan(self.sampler, cfg.batch_size_per_gpu, self._plan_seed(seed), rank, world_size,
+                                  yields_batches, data_parallel_size,
+                                  self_sharded=not ours and bool({"rank", "world_size"} & set(accepted)))
+            self._tagged = _EpochPlanBatches(self.plan)
+            batching = dict(batch_sampler=self._tagged)
         self.seed, self.device = seed, device
         self.batch_size, self.world_size = cfg.batch_size_per_gpu, world_size
-        self._tagged = _EpochTagged(self.sampler)
         pin = cfg.pin_memory if cfg.pin_memory is not None else device.type == "cuda"
-        collate = import_object(cfg.collate_fn) if cfg.collate_fn else None
         extra = {}
         if cfg.num_workers > 0:
             extra = dict(persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor)
-        self.loader = DataLoader(_Samples(self.dataset, transform, seed), batch_size=cfg.batch_size_per_gpu,
-                                 sampler=self._tagged, num_workers=cfg.num_workers, pin_memory=pin,
-                                 collate_fn=collate, drop_last=False, **extra)
+        self.loader = DataLoader(_Samples(self.dataset, transform, seed), num_workers=cfg.num_workers,
+                                 pin_memory=pin, collate_fn=collate, **batching, **extra)
         self.epoch, self.batch_in_epoch = 0, 0
         self.samples_seen = 0  # global samples consumed since the start of training
         self._iter = None
@@ -108,7 +135,13 @@ class DataStream:
 
     def __len__(self):
         """Batches per epoch."""
-        return len(self.loader) if not isinstance(self.sampler, DefaultSampler) else self.sampler.num_batches
+        return self.sampler.num_batches if self.plan is None else len(self.plan.batches(self.epoch))
+
+    def _plan_seed(self, seed):
+        """What seeds an EpochPlan's RNGs: the sampler's own seed where it has one (as GigaTrain's order
+        depends on it only), else the run's."""
+        own = getattr(self.sampler, "seed", None)
+        return own if isinstance(own, int) else seed
 
     @property
     def global_batch(self):
@@ -134,21 +167,21 @@ class DataStream:
                 log.warning("resume: global batch %d -> %d; epoch %d continues at sample %d, not %d "
                             "(%d samples seen again)", saved_batch, self.global_batch, self.epoch,
                             in_epoch - again, in_epoch, again)
+        if self.plan is not None and self.batch_in_epoch:
+            log.info("resume: %s cannot say where it is; epoch %d's order is drawn again and its first %d batches"
+                     " skipped (their indices only, as GigaTrain skips consumed batches)",
+                     type(self.sampler).__name__, self.epoch, self.batch_in_epoch)
         self._iter, self._ahead = None, None
 
     def _start_epoch(self):
-        skip = self.batch_in_epoch
         self._tagged.epoch = self.epoch
-        if isinstance(self.sampler, DefaultSampler):
-            self.sampler.set_epoch(self.epoch, start_sample=skip * self.batch_size * self.world_size)
-            skip = 0
-        elif hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(self.epoch)
+        if self.plan is None:
+            self.sampler.set_epoch(self.epoch, start_sample=self.batch_in_epoch * self.batch_size * self.world_size)
+        else:
+            self._tagged.start = self.batch_in_epoch
         # A generator of our own: creating an iterator must not draw from the global RNG (exact resume).
         self.loader.generator = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
         self._iter = iter(self.loader)
-        for _ in range(skip):  # a sampler we cannot position: replay it (exact, if it is deterministic)
-            next(self._iter)
 
     def _next_raw(self):
         if self._iter is None:

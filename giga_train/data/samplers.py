@@ -1,10 +1,16 @@
-"""Samplers: DefaultSampler (GigaTrain's order, cut per rank, resumable), ParallelBatchSampler, build_sampler."""
+"""Samplers: DefaultSampler (GigaTrain's order, cut per rank, resumable), ParallelBatchSampler, build_sampler,
+and EpochPlan (any other sampler or batch sampler, made resumable)."""
+import contextlib
+import itertools
 import math
+import random
 
 import numpy as np
+import torch
 from torch.utils.data import Sampler
 
 from ..registry import SAMPLERS, build_module
+from .giga_datasets import register_samplers
 
 
 @SAMPLERS.register
@@ -124,20 +130,89 @@ class ParallelBatchSampler(Sampler):
                 yield batch
 
 
-def _giga_datasets_samplers(registry):
-    """GigaTrain registers giga_datasets' samplers when that package is installed; so do we, the
-    first time a config names a sampler we do not have (DefaultSampler stays ours: the same order,
-    cut per rank)."""
-    try:
-        import giga_datasets
-    except ImportError:
-        return
-    for name in ("AspectRatioSampler", "BucketBatchSampler", "BucketSampler", "SpecialDatasetSampler"):
-        if hasattr(giga_datasets, name) and name not in registry:
-            registry.register(getattr(giga_datasets, name), name=name)
+class EpochPlan:
+    """This rank's micro-batches of one epoch of a sampler that cannot say where it is (giga_datasets'
+    bucket and aspect-ratio samplers, a batch_sampler, a user's sampler): the epoch is drawn whole, as
+    index lists, cut into per-GPU batches (a sampler) or taken as they come (a batch sampler, whose
+    batches may differ in size), each repeated `repeat` times (GigaTrain's data_parallel_size), then
+    dealt round-robin to the ranks as Accelerate deals GigaTrain's batches (every rank gets as many:
+    the last ones are filled from the epoch's start). `self_sharded`: the sampler cut itself per rank.
+
+    A resume draws the epoch again and skips the batches consumed (GigaTrain's skip, on indices only:
+    no sample is loaded for them). It is exact because drawing runs with Python's, NumPy's and torch's
+    global RNGs seeded from (seed, epoch) and restored afterwards: giga_datasets' samplers reseed
+    NumPy's and BucketBatchSampler shuffles with Python's `random`, so the order is the same on every
+    rank, in a resumed run, and the caller's RNG streams are left as they were."""
+
+    def __init__(self, source, batch_size_per_gpu, seed, rank=0, world_size=1, yields_batches=False, repeat=1,
+                 self_sharded=False):
+        self.source, self.batch_size_per_gpu, self.seed = source, batch_size_per_gpu, seed
+        self.rank, self.world_size, self.repeat = rank, world_size, repeat
+        self.yields_batches, self.self_sharded = yields_batches, self_sharded
+        self._cached = (None, None)
+
+    def batches(self, epoch):
+        if self._cached[0] != epoch:
+            self._cached = (epoch, self._draw(epoch))
+        return self._cached[1]
+
+    def _draw(self, epoch):
+        """This rank's batches, held as one index array and each batch's bounds (a list of Python ints per
+        sample would take ~36 bytes each: gigabytes per rank for a large dataset)."""
+        with _seeded_rngs(self.seed * 100003 + epoch):
+            if hasattr(self.source, "set_epoch"):
+                self.source.set_epoch(epoch)
+            drawn = itertools.islice(iter(self.source), len(self.source))  # one pass of an infinite one
+            if self.yields_batches:
+                lengths, flat = [], []
+                for batch in drawn:
+                    lengths.append(len(batch))
+                    flat.extend(int(i) for i in batch)
+                flat = np.asarray(flat, dtype=np.int64)
+                ends = np.cumsum(np.asarray(lengths, dtype=np.int64))
+                starts = ends - lengths
+            else:
+                flat = np.fromiter((int(i) for i in drawn), dtype=np.int64)
+                starts = np.arange(0, len(flat), self.batch_size_per_gpu, dtype=np.int64)
+                ends = np.minimum(starts + self.batch_size_per_gpu, len(flat))
+        if not len(starts):
+            raise ValueError(f"{type(self.source).__name__} yields no batch for epoch {epoch}")
+        starts, ends = np.repeat(starts, self.repeat), np.repeat(ends, self.repeat)
+        if not (self.self_sharded or self.world_size == 1):
+            dealt = np.arange(len(starts) + -len(starts) % self.world_size) % len(starts)
+            dealt = dealt[self.rank::self.world_size]
+            starts, ends = starts[dealt], ends[dealt]
+        return _Batches(flat, starts, ends)
 
 
-SAMPLERS.add_provider(_giga_datasets_samplers)
+class _Batches:
+    """batch k = flat[starts[k]:ends[k]], as a list of ints."""
+
+    def __init__(self, flat, starts, ends):
+        self.flat, self.starts, self.ends = flat, starts, ends
+
+    def __len__(self):
+        return len(self.starts)
+
+    def __getitem__(self, k):
+        return self.flat[self.starts[k]:self.ends[k]].tolist()
+
+
+@contextlib.contextmanager
+def _seeded_rngs(seed):
+    python, numpy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(python)
+            np.random.set_state(numpy)
+
+
+SAMPLERS.add_provider(register_samplers)  # giga_datasets' samplers, looked up at the first unknown name
 
 
 def build_sampler(params_or_type, *args, **kwargs):
@@ -145,4 +220,4 @@ def build_sampler(params_or_type, *args, **kwargs):
     return build_module(SAMPLERS, params_or_type, *args, **kwargs)
 
 
-__all__ = ["DefaultSampler", "ParallelBatchSampler", "build_sampler"]
+__all__ = ["DefaultSampler", "EpochPlan", "ParallelBatchSampler", "build_sampler"]

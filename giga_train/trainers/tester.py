@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from ..data import build_dataset
-from ..registry import TRANSFORMS, import_object
+from ..data import open_dataset
+from ..registry import TRANSFORMS
 from ..schema import tester_kwargs
 from ..utils import as_list
 from .runner import Runner
@@ -46,12 +46,11 @@ class _Transformed(torch.utils.data.Dataset):
         return self.transform(item) if self.transform is not None else item
 
 
-def ordered_loader(data_config, batches):
-    """A DataLoader over `data_config`'s dataset (its transform and collate_fn), in the order of the batch
-    sampler `batches(dataset size, batch_size_per_gpu)` returns."""
-    dataset = build_dataset(data_config.data_or_config)
+def ordered_loader(data_config, batches, where):
+    """A DataLoader over `data_config`'s dataset (its transform and collate_fn; a giga_datasets one's
+    collator), in the order of the batch sampler `batches(dataset size, batch_size_per_gpu)` returns."""
     transform = TRANSFORMS.build(data_config.transform) if data_config.get("transform") else None
-    collate = import_object(data_config.collate_fn) if data_config.get("collate_fn") else None
+    dataset, transform, collate = open_dataset(data_config, transform, where)
     return torch.utils.data.DataLoader(_Transformed(dataset, transform),
                                        batch_sampler=batches(len(dataset), data_config.get("batch_size_per_gpu", 1)),
                                        num_workers=data_config.get("num_workers", 0), collate_fn=collate)
@@ -82,7 +81,8 @@ class Tester(Runner):
     def get_dataloaders(self, data_config):
         """A DataLoader over this rank's part of the dataset, in order (no shuffling, no padding)."""
         return ordered_loader(data_config, lambda size, batch_size: RankShard(size, batch_size, self.process_index,
-                                                                               self.num_processes))
+                                                                               self.num_processes),
+                              "dataloaders.test")
 
     def get_models(self, model_config):
         raise NotImplementedError(f"{type(self).__name__} must define get_models(self, model_config)")

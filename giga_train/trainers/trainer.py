@@ -132,7 +132,8 @@ class Trainer(CheckpointHooks, Runner):
     def get_dataloaders(self, data_config):
         """The training data: micro-batches on the device, resumable to the exact sample."""
         return DataStream(data_config, self.train_config.seed, self.process_index, self.num_processes, self.device,
-                          accumulation=self.gradient_accumulation_steps)
+                          accumulation=self.gradient_accumulation_steps,
+                          data_parallel_size=self.train_config.get("data_parallel_size") or 1)
 
     def get_models(self, model_config):
         """Return an nn.Module, or a ModuleDict of several (called with `config.models`)."""

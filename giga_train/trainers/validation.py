@@ -50,7 +50,7 @@ class Validator:
                 raise ConfigError("dataloaders.val.data_or_config: the dataset is empty (0 samples)")
             self.shard = EvenRankShard(size, batch_size, env.rank, env.world_size)
             return self.shard
-        self.loader = ordered_loader(data_config, batches)
+        self.loader = ordered_loader(data_config, batches, "dataloaders.val")
 
     def run(self, trainer, on_ema=False):
         results = MetricSums(self.env.device)

@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 VENV = os.environ.get('GIGATRAIN_REF_VENV', os.path.join(ROOT, '.venv-gigatrain'))
 RECORD = os.path.join(HERE, 'record.py')
-SCENARIOS = ('main', 'resume', 'resume_epoch2', 'epochs_ema', 'disk')
+SCENARIOS = ('main', 'resume', 'resume_epoch2', 'epochs_ema', 'disk', 'disk_bucket')
 
 
 def _stale(stamp):
@@ -39,18 +39,24 @@ def reference_python(venv=VENV):
     with open(venv.rstrip('/') + '.lock', 'w') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _stale(stamp):
+            # No PYTHONPATH: with this repository on it, setup.sh's final check imports our giga_train, not
+            # GigaTrain's, fails, and the next call removes the venv to build it again.
+            env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
             proc = subprocess.run(['bash', os.path.join(HERE, 'setup.sh'), venv], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
+                                  stderr=subprocess.STDOUT, text=True, env=env)
             if proc.returncode != 0 or not os.path.exists(stamp):
                 raise RuntimeError('building the GigaTrain reference venv failed (exit %d):\n%s'
                                    % (proc.returncode, proc.stdout[-6000:]))
     return py
 
 
-def record(scenario, workdir, python=None, timeout=600, allow_failure=False, resume_from=None):
+def record(scenario, workdir, python=None, timeout=600, allow_failure=False, resume_from=None,
+           giga_train_path=None):
     """Run one scenario of the client under `python` (default: the reference venv) and return its JSON.
     `allow_failure`: a phase that failed is in the JSON (its `ok` and `error`) instead of an exception;
-    `resume_from`: a checkpoint folder put into the project's models/ first, every phase resuming from it."""
+    `resume_from`: a checkpoint folder put into the project's models/ first, every phase resuming from it;
+    `giga_train_path`: a checkout whose `giga_train` the phases import first (ours under the reference
+    venv's Python: the giga_datasets scenarios; this checkout by default when `python` is this one)."""
     python = python or reference_python()
     workdir = os.path.abspath(str(workdir))
     os.makedirs(workdir, exist_ok=True)
@@ -58,7 +64,7 @@ def record(scenario, workdir, python=None, timeout=600, allow_failure=False, res
     extra = ['--resume-from', os.path.abspath(resume_from)] if resume_from else []
     proc = subprocess.run([python, RECORD, '--scenario', scenario, '--workdir', os.path.join(workdir, scenario),
                            '--out', out] + extra, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout, env=_environment(python))
+                          text=True, timeout=timeout, env=_environment(python, giga_train_path))
     if not os.path.exists(out) or (proc.returncode != 0 and not allow_failure):
         raise RuntimeError('recording %r under %s failed (exit %d):\n%s'
                            % (scenario, python, proc.returncode, proc.stdout[-6000:]))
@@ -66,12 +72,16 @@ def record(scenario, workdir, python=None, timeout=600, allow_failure=False, res
         return json.load(f)
 
 
-def _environment(python):
-    """The recorder's environment: nothing of the caller's path or rendezvous; for ours (not the reference
-    venv) this checkout on the path, so that a worktree records its own giga_train, not the installed one."""
-    env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'MASTER_ADDR', 'MASTER_PORT')}
-    if os.path.abspath(python) != os.path.abspath(os.path.join(VENV, 'bin', 'python')):
-        env.update(PYTHONPATH=ROOT, RECORD_KEEP_PYTHONPATH='1')
+def _environment(python, giga_train_path):
+    """The recorder's environment: nothing of the caller's path or rendezvous. Our side (this interpreter,
+    or `giga_train_path` under another one) gets a checkout first on the phases' path, so that a worktree
+    records its own giga_train, not the installed one."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('PYTHONPATH', 'MASTER_ADDR', 'MASTER_PORT', 'RECORD_GIGA_TRAIN_PATH')}
+    if giga_train_path is None and os.path.abspath(python) == os.path.abspath(sys.executable):
+        giga_train_path = ROOT
+    if giga_train_path:
+        env['RECORD_GIGA_TRAIN_PATH'] = giga_train_path
     return env
 
 

@@ -1,0 +1,100 @@
+"""GigaTrain's data path through giga_datasets (the optional `gigatrain` extra, see the README).
+
+What a dataloaders section's keys mean, as in GigaTrain 1.1 (docs/GIGATRAIN.md section 13):
+- `data_or_config`: a dataset folder (or its config.json) or a dict whose `_class_name` our DATASETS
+  lacks is opened by `giga_datasets.load_dataset`; a list of entries becomes giga_datasets'
+  ConcatDataset of each; a dict naming one of our datasets (or a dotted path) is built by DATASETS.
+- `filter`: `dataset.filter(**filter)`; `transform`: `dataset.set_transform(...)` where the dataset
+  has that method (every giga_datasets dataset), else applied by the loader to each sample.
+- `collator`: `giga_datasets.DefaultCollator(**collator)`, also the default for a dataset opened
+  by giga_datasets (ints and strings stay lists, as GigaTrain's batches have them).
+Without the package, an entry that needs it raises one line naming it."""
+import os
+
+import torch
+
+from ..errors import ConfigError
+from ..registry import DATASETS, TYPE_KEYS, import_object
+
+INSTALL = "pip install -e '.[gigatrain]' then pip install --no-deps giga-datasets==1.1.0, see the README"
+
+
+def import_giga_datasets(where):
+    """The giga_datasets package, or a one-line ConfigError naming it."""
+    try:
+        import giga_datasets
+    except Exception as e:  # not installed, or its own imports fail (a torchvision built for another torch)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ConfigError(f"{where}: needs the giga-datasets package ({INSTALL}); import giga_datasets failed:"
+                          f" {type(e).__name__}: {first}") from None
+    return giga_datasets
+
+
+def _is_ours(cfg):
+    name = next((cfg[k] for k in TYPE_KEYS if k in cfg), None)
+    return not isinstance(name, str) or name in DATASETS or "." in name
+
+
+def load_dataset(data_or_config, where="data_or_config"):
+    """(dataset, opened_by_giga_datasets) for GigaTrain's `data_or_config` forms; a Dataset object as it is."""
+    if isinstance(data_or_config, dict) and _is_ours(data_or_config):
+        return DATASETS.build(data_or_config), False
+    if isinstance(data_or_config, (list, tuple)):
+        children = [load_dataset(one, f"{where}[{i}]") for i, one in enumerate(data_or_config)]
+        datasets = [d for d, _ in children]
+        try:  # giga_datasets' ConcatDataset (its filter and samplers know it), as GigaTrain's
+            return import_giga_datasets(where).ConcatDataset(datasets), True
+        except ConfigError:
+            if any(by_giga for _, by_giga in children):
+                raise
+            return torch.utils.data.ConcatDataset(datasets), False  # only ours, and no giga_datasets
+    if isinstance(data_or_config, str):
+        if not os.path.exists(data_or_config):
+            raise ConfigError(f"{where}: no dataset folder or config file '{data_or_config}'")
+        return import_giga_datasets(where).load_dataset(data_or_config), True
+    if isinstance(data_or_config, dict):
+        gd = import_giga_datasets(where)
+        from giga_datasets.datasets.dataset import DATASETS as registered
+        name = next((data_or_config[k] for k in TYPE_KEYS if k in data_or_config), None)
+        if name not in registered:
+            raise ConfigError(f"{where}: unknown dataset '{name}' (neither giga-train's DATASETS nor"
+                              f" giga_datasets' register_dataset know it)")
+        return gd.load_dataset(dict(data_or_config)), True
+    return data_or_config, False
+
+
+def open_dataset(cfg, transform, where):
+    """(dataset, transform left to the loader, collate_fn) for a dataloaders section `cfg`."""
+    dataset, by_giga = load_dataset(cfg.data_or_config, f"{where}.data_or_config")
+    if cfg.get("filter") is not None:
+        if not callable(getattr(dataset, "filter", None)):
+            raise ConfigError(f"{where}.filter: {type(dataset).__name__} has no filter method (giga_datasets'"
+                              " datasets have one)")
+        dataset.filter(**cfg.filter)
+    if callable(getattr(dataset, "set_transform", None)):
+        dataset.set_transform(transform)  # GigaTrain's contract: the dataset applies it in __getitem__
+        transform = None
+    if cfg.get("collate_fn"):
+        collate = import_object(cfg.collate_fn)
+    elif cfg.get("collator") is not None or by_giga:
+        collate = import_giga_datasets(f"{where}.collator").DefaultCollator(**(cfg.get("collator") or {}))
+    else:
+        collate = None  # torch's default_collate
+    return dataset, transform, collate
+
+
+# GigaTrain registers the first five in its SAMPLERS; the weighted ones are giga_datasets' too (issue 16).
+# DefaultSampler stays ours: the same order, cut per rank and positioned on resume.
+SAMPLER_NAMES = ("AspectRatioSampler", "BucketBatchSampler", "BucketSampler", "SpecialDatasetSampler",
+                 "WeightedSampler", "ListWeightedSampler", "ShardedListWeightedSampler")
+
+
+def register_samplers(registry):
+    """A SAMPLERS provider: giga_datasets' samplers under their names, when the package imports."""
+    try:
+        import giga_datasets
+    except Exception:  # not installed (or not importable): a config naming one gets the registry's error
+        return
+    for name in SAMPLER_NAMES:
+        if hasattr(giga_datasets, name) and name not in registry:
+            registry.register(getattr(giga_datasets, name), name=name)
