@@ -1,0 +1,32 @@
+"""The trackers `train.log_with` names, behind one interface; only the main process opens any."""
+
+
+class Tracker:
+    """Receives the run's resolved config once, then the scalars of every log step."""
+
+    def log_config(self, config, hparams):
+        """`config`: the whole resolved config (JSON-safe); `hparams`: a flat name -> scalar view of it."""
+
+    def log(self, step, scalars):
+        """`scalars`: name -> float, already reduced over ranks."""
+
+    def close(self):
+        pass
+
+
+def build_trackers(names, log_dir, run_name, start_step):
+    """The trackers for `names` (the schema's normalised log_with: 'tensorboard', 'jsonl', 'wandb')."""
+    built = []
+    for name in names:
+        if name == "tensorboard":
+            from .tensorboard import TensorBoardTracker
+            built.append(TensorBoardTracker(log_dir, start_step))
+        elif name == "jsonl":
+            from .jsonl import JsonlTracker
+            built.append(JsonlTracker(log_dir, start_step))
+        elif name == "wandb":
+            from .wandb import WandbTracker
+            built.append(WandbTracker(log_dir, run_name))
+        else:
+            raise ValueError(f"unknown tracker {name!r}")  # the schema refuses it first
+    return built
