@@ -4,7 +4,7 @@ import json
 import math
 import os
 
-from .trackers import Tracker
+from .base import Tracker
 
 FILE_NAME = "metrics.jsonl"
 

@@ -1,7 +1,7 @@
 """TensorBoard: scalars under train/, the resolved config as text and its hyper-parameters (HParams tab)."""
 import json
 
-from .trackers import Tracker
+from .base import Tracker
 
 
 class TensorBoardTracker(Tracker):

@@ -1,17 +1,4 @@
-"""The trackers `train.log_with` names, behind one interface; only the main process opens any."""
-
-
-class Tracker:
-    """Receives the run's resolved config once, then the scalars of every log step."""
-
-    def log_config(self, config, hparams):
-        """`config`: the whole resolved config (JSON-safe); `hparams`: a flat name -> scalar view of it."""
-
-    def log(self, step, scalars):
-        """`scalars`: name -> float, already reduced over ranks."""
-
-    def close(self):
-        pass
+"""The trackers `train.log_with` names; only the main process opens any."""
 
 
 def build_trackers(names, log_dir, run_name, start_step):

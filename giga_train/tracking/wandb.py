@@ -2,7 +2,7 @@
 WANDB_MODE=offline writes the run under {logging_dir}/wandb for a later `wandb sync`."""
 import os
 
-from .trackers import Tracker
+from .base import Tracker
 
 
 class WandbTracker(Tracker):
