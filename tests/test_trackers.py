@@ -119,8 +119,11 @@ def test_a_resumed_jsonl_drops_what_a_crashed_run_wrote_past_its_checkpoint(tmp_
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 4, 8, 8, 12]
     assert rows[3]["config"] == {"a": 1} and rows[4] == {"step": 12, "loss": 0.5, "inf": "inf"}
-    JsonlTracker(str(tmp_path), start_step=0).close()  # a run from step 0 starts the file anew
-    assert path.read_text() == ""
+    before = path.read_text()
+    JsonlTracker(str(tmp_path), start_step=0).close()  # a run from step 0 starts a file; the last one is kept
+    assert path.read_text() == "" and (tmp_path / "metrics.1.jsonl").read_text() == before
+    JsonlTracker(str(tmp_path), start_step=0).close()
+    assert sorted(os.listdir(tmp_path)) == ["metrics.1.jsonl", "metrics.2.jsonl", "metrics.jsonl"]
 
 
 def test_log_with_names_are_checked(tmp_path, monkeypatch):

@@ -33,13 +33,18 @@ class JsonlTracker(Tracker):
 
 def _keep_until(path, start_step):
     """A resumed run (start_step > 0) drops the lines a crashed run wrote past the step it resumes from (as
-    TensorBoard's purge_step); a run from step 0 starts the file anew."""
+    TensorBoard's purge_step). A run from step 0 starts a new file; an earlier run's is kept as
+    metrics.{n}.jsonl."""
     if not os.path.exists(path):
         return
-    kept = []
-    if start_step:
-        with open(path) as f:
-            kept = [line for line in f if line.strip() and _step_of(line) <= start_step]
+    if not start_step:
+        stem, n = path[:-len(".jsonl")], 1
+        while os.path.exists(f"{stem}.{n}.jsonl"):
+            n += 1
+        os.replace(path, f"{stem}.{n}.jsonl")
+        return
+    with open(path) as f:
+        kept = [line for line in f if line.strip() and _step_of(line) <= start_step]
     with open(path + ".tmp", "w") as f:
         f.writelines(kept)
     os.replace(path + ".tmp", path)
