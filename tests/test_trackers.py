@@ -27,9 +27,11 @@ def run(tmp_path_factory):
                WANDB_CACHE_DIR=str(project / "wandb_cache"), WANDB_DATA_DIR=str(project / "wandb_data"))
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    cfg = tiny_config(project, max_steps=STEPS, log_interval=INTERVAL, seed=5, count_flops=True,
+                      log_with=["tensorboard", "jsonl", "wandb"])
+    cfg["models"]["dropout"] = 0.0  # as tests.distributed.job's (dropout changes CPU attention's kernel)
     try:
-        trainer = launch_from_config(tiny_config(project, max_steps=STEPS, log_interval=INTERVAL, seed=5,
-                                                 log_with=["tensorboard", "jsonl", "wandb"]))
+        trainer = launch_from_config(cfg)
     finally:
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
@@ -99,12 +101,20 @@ def test_wandb_offline_run_has_the_config_and_the_losses(run):
     assert [history[s]["train/total_loss"] for s in (4, 8)] == pytest.approx(means, rel=1e-6)
 
 
-def test_only_the_main_rank_writes_the_trackers(tmp_path):
-    result = launch_from_config(job(tmp_path, "DDP", ranks=2, log_with="jsonl", log_interval=2))
-    lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == [0, 2, 4]  # one writer, not two interleaved
-    assert json.loads(lines[-1])["total_loss"] == pytest.approx(result["metrics"]["total_loss"], rel=1e-6)
-    assert json.loads(lines[0])["hparams"]["world_size"] == 2
+def flops_per_sample(row, world_size):
+    return row["tflops_per_device"] * 1e12 * world_size / row["samples_per_sec"]
+
+
+def test_only_the_main_rank_writes_the_trackers_and_flops_per_sample_are_those_of_one_process(tmp_path, run):
+    result = launch_from_config(job(tmp_path, "DDP", ranks=2, log_with="jsonl", log_interval=2, count_flops=True))
+    lines = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [0, 2, 4]  # one writer, not two interleaved
+    assert lines[-1]["total_loss"] == pytest.approx(result["metrics"]["total_loss"], rel=1e-6)
+    assert lines[0]["hparams"]["world_size"] == 2
+    # the same model and sample shape at batch 8 in one process, 4 a rank here: the same FLOPs a sample
+    one_process = json.loads((run[0] / "logs" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert flops_per_sample(lines[-1], 2) == pytest.approx(flops_per_sample(one_process, 1), rel=1e-9)
+    assert flops_per_sample(one_process, 1) > 0
 
 
 def test_a_resumed_jsonl_drops_what_a_crashed_run_wrote_past_its_checkpoint(tmp_path):
@@ -112,17 +122,17 @@ def test_a_resumed_jsonl_drops_what_a_crashed_run_wrote_past_its_checkpoint(tmp_
     path.write_text("".join(json.dumps(r) + "\n" for r in ({"step": 0, "config": {}}, {"step": 4, "loss": 2.0},
                                                           {"step": 8, "loss": 1.5}, {"step": 12, "loss": 1.0}))
                     + '{"step": 1')  # a line cut by the crash
-    tracker = JsonlTracker(str(tmp_path), start_step=8)
-    tracker.log_config({"a": 1}, {})
+    tracker = JsonlTracker(str(tmp_path), start_step=8, config={"a": 1}, hparams={})
     tracker.log(12, {"loss": 0.5, "inf": float("inf")})
     tracker.close()
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 4, 8, 8, 12]
     assert rows[3]["config"] == {"a": 1} and rows[4] == {"step": 12, "loss": 0.5, "inf": "inf"}
     before = path.read_text()
-    JsonlTracker(str(tmp_path), start_step=0).close()  # a run from step 0 starts a file; the last one is kept
-    assert path.read_text() == "" and (tmp_path / "metrics.1.jsonl").read_text() == before
-    JsonlTracker(str(tmp_path), start_step=0).close()
+    JsonlTracker(str(tmp_path), 0, {}, {}).close()  # a run from step 0 starts a file; the last one is kept
+    assert path.read_text() == '{"step": 0, "config": {}, "hparams": {}}\n'
+    assert (tmp_path / "metrics.1.jsonl").read_text() == before
+    JsonlTracker(str(tmp_path), 0, {}, {}).close()
     assert sorted(os.listdir(tmp_path)) == ["metrics.1.jsonl", "metrics.2.jsonl", "metrics.jsonl"]
 
 

@@ -2,10 +2,8 @@
 
 
 class Tracker:
-    """Receives the run's resolved config once, then the scalars of every log step."""
-
-    def log_config(self, config, hparams):
-        """`config`: the whole resolved config (JSON-safe); `hparams`: a flat name -> scalar view of it."""
+    """Opened with the run's resolved config (JSON-safe) and its hyper-parameters (a flat name -> scalar
+    view of it), which it records once; then receives the scalars of every log step."""
 
     def log(self, step, scalars):
         """`scalars`: name -> float, already reduced over ranks."""

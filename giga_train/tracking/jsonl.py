@@ -10,15 +10,12 @@ FILE_NAME = "metrics.jsonl"
 
 
 class JsonlTracker(Tracker):
-    def __init__(self, log_dir, start_step):
+    def __init__(self, log_dir, start_step, config, hparams):
         os.makedirs(log_dir, exist_ok=True)
         self.path = os.path.join(log_dir, FILE_NAME)
-        self.start_step = start_step
         _keep_until(self.path, start_step)
         self.file = open(self.path, "a")
-
-    def log_config(self, config, hparams):
-        self._write({"step": self.start_step, "config": config, "hparams": hparams})
+        self._write({"step": start_step, "config": config, "hparams": hparams})
 
     def log(self, step, scalars):
         self._write({"step": step, **{k: _json_number(v) for k, v in scalars.items()}})

@@ -45,11 +45,8 @@ class MetricLogger:
     def __init__(self, log_dir, log_with, is_main, start_step, max_steps, samples_per_step, show_bar=True,
                  run_name=None, config=None, hparams=None, perf=None):
         self.is_main, self.samples_per_step, self.perf = is_main, samples_per_step, perf
-        self.trackers = build_trackers(log_with, log_dir, run_name, start_step) if is_main else []
-        if self.trackers:
-            safe = json_safe(config or {})
-            for tracker in self.trackers:
-                tracker.log_config(safe, hparams or {})
+        self.trackers = build_trackers(log_with, log_dir, run_name, start_step, json_safe(config or {}),
+                                       hparams or {}) if is_main else []
         self.bar = None
         if is_main and show_bar:
             self.bar = tqdm(total=max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,

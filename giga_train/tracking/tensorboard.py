@@ -5,13 +5,11 @@ from .base import Tracker
 
 
 class TensorBoardTracker(Tracker):
-    def __init__(self, log_dir, start_step):
+    def __init__(self, log_dir, start_step, config, hparams):
         from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
         # purge_step hides events a crashed run wrote past the step we resume from.
         self.writer = SummaryWriter(log_dir, purge_step=start_step + 1 if start_step else None)
-
-    def log_config(self, config, hparams):
-        from torch.utils.tensorboard.summary import hparams as hparams_summaries
         self.writer.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```")
         # In this run's own event file (add_hparams would open a sub-run): the HParams tab pairs these values
         # with the run's train/total_loss scalars.

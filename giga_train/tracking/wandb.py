@@ -6,14 +6,12 @@ from .base import Tracker
 
 
 class WandbTracker(Tracker):
-    def __init__(self, log_dir, run_name):
+    def __init__(self, log_dir, run_name, config):
         import wandb
         os.makedirs(log_dir, exist_ok=True)
-        # GigaTrain (Accelerate's init_trackers) names the project after basename(project_dir).
-        self.run = wandb.init(project=run_name, dir=log_dir)
-
-    def log_config(self, config, hparams):
-        self.run.config.update(config, allow_val_change=True)
+        # GigaTrain (Accelerate's init_trackers) names the project after basename(project_dir). The config
+        # goes with init: it is then in the run's first record (a later config.update is written lazily).
+        self.run = wandb.init(project=run_name, dir=log_dir, config=config)
 
     def log(self, step, scalars):
         self.run.log({f"train/{name}": value for name, value in scalars.items()}, step=step)
