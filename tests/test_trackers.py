@@ -25,16 +25,13 @@ def run(tmp_path_factory):
     project = tmp_path_factory.mktemp("trackers")
     env = dict(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_CONFIG_DIR=str(project / "wandb_config"),
                WANDB_CACHE_DIR=str(project / "wandb_cache"), WANDB_DATA_DIR=str(project / "wandb_data"))
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     cfg = tiny_config(project, max_steps=STEPS, log_interval=INTERVAL, seed=5, count_flops=True,
                       log_with=["tensorboard", "jsonl", "wandb"])
     cfg["models"]["dropout"] = 0.0  # as tests.distributed.job's (dropout changes CPU attention's kernel)
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
         trainer = launch_from_config(cfg)
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     means = [sum(trainer.losses[i:i + INTERVAL]) / INTERVAL for i in range(0, STEPS, INTERVAL)]
     return project, means
 
