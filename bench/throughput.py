@@ -2,6 +2,8 @@
 
     python3 bench/throughput.py --size 1b --steps 30 [--compile] [--precision bf16|fp8|no]
                                 [--optimizer adamw|came8bit] [--accumulate N] [--paths giga,hand] [--profile]
+    python3 bench/throughput.py --size 1b --paths giga,hand --metrics --log-with jsonl --log-interval 10
+                                # the trainer also logs tokens/s, MFU and peak memory (row["logged"])
     python3 bench/throughput.py --suite h200            # the whole H200 table in one run (~9 min)
     python3 bench/throughput.py --size tiny --device cpu --steps 4 --warmup 1   # CPU smoke run
 
@@ -47,15 +49,17 @@ LR, WEIGHT_DECAY, SEED = 1e-4, 0.01, 0
 
 def row_spec(size, path, device="cuda", compile=False, precision="bf16", optimizer="adamw", steps=30, warmup=5,
              profile_steps=0, expect_oom=False, budget_s=None, simulate=None, log_interval=None, accumulate=1,
-             batch=None, strategy="NO"):
+             batch=None, strategy="NO", metrics=False, log_with="none"):
     """One configuration of the bench (JSON-able: it is handed to a child process). A step is one
     optimizer step over `accumulate` micro-batches of `batch` sequences (None: the size's). `log_interval`:
     the giga path's (default: one log line, after the timed steps). `strategy`: the giga path's engine,
-    "NO" or "ZERO2" (DeepSpeed ZeRO-2 at one rank: GigaTrain projects' usual engine)."""
+    "NO" or "ZERO2" (DeepSpeed ZeRO-2 at one rank: GigaTrain projects' usual engine). `metrics`: the giga
+    path logs tokens/s, TFLOP/s and MFU from one counted step (train.count_flops) and peak memory;
+    `log_with`: its trackers (train.log_with, e.g. "jsonl,tensorboard")."""
     return dict(size=size, path=path, device=device, compile=compile, precision=precision, optimizer=optimizer,
                 steps=steps, warmup=warmup, profile_steps=profile_steps, expect_oom=expect_oom,
                 budget_s=budget_s, simulate=simulate, log_interval=log_interval, accumulate=accumulate, batch=batch,
-                strategy=strategy)
+                strategy=strategy, metrics=metrics, log_with=log_with)
 
 
 def h200_suite():
@@ -135,8 +139,11 @@ class ThroughputTrainer(Trainer):
 def giga_config(spec, shape, device, project_dir):
     probe_steps = spec["steps"] + spec["profile_steps"]
     train = dict(max_steps=probe_steps, log_interval=spec.get("log_interval") or probe_steps, progress_bar=False,
-                 log_with="none", mixed_precision=spec["precision"], seed=SEED, resume=False,
-                 gradient_accumulation_steps=spec["accumulate"])
+                 log_with=(spec.get("log_with") or "none").split(","), mixed_precision=spec["precision"], seed=SEED,
+                 resume=False, gradient_accumulation_steps=spec["accumulate"])
+    if spec.get("metrics"):  # MFU against the bench's own peak, so the two MFU figures compare
+        train.update(count_flops=True, tokens_per_sample=shape.seq,
+                     peak_flops=H200_BF16_FLOPS if device.type == "cuda" else None)
     if shape.checkpointing:
         train.update(activation_checkpointing=True, activation_class_names=["Block"])
     if spec["compile"]:
@@ -157,7 +164,7 @@ def giga_config(spec, shape, device, project_dir):
 def run_giga(spec, shape, device):
     with tempfile.TemporaryDirectory(prefix="bench_throughput_") as project_dir:
         trainer = launch_from_config(giga_config(spec, shape, device, project_dir))
-    return trainer.bench_losses, trainer.probe
+    return trainer.bench_losses, trainer.probe, getattr(trainer, "last_metrics", None)
 
 
 def _checkpoint_blocks(model):
@@ -199,7 +206,7 @@ def run_hand(spec, shape, device):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         probe.after_step(step + 1)
-    return losses, probe
+    return losses, probe, None
 
 
 # -- one row, in this process -------------------------------------------------------------------
@@ -219,7 +226,9 @@ def run_row(spec):
     try:
         if spec.get("simulate") == "oom":  # the tests' stand-in for a model that does not fit
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 52.00 GiB (simulated)")
-        losses, probe = (run_giga if spec["path"] == "giga" else run_hand)(spec, shape, device)
+        losses, probe, logged = (run_giga if spec["path"] == "giga" else run_hand)(spec, shape, device)
+        if spec.get("metrics"):
+            row["logged"] = logged  # the trainer's last log step: its own tokens/s, MFU, peak memory
         values = torch.stack(losses).float().tolist()
         row.update(probe.result(row["tokens_per_step"]), losses=values[:spec["steps"] * spec["accumulate"]])
         row["finite"] = all(v == v and abs(v) != float("inf") for v in values)
@@ -320,7 +329,8 @@ def batch_label(spec):
 
 def row_name(spec):
     mode = "compiled" if spec["compile"] else "eager"
-    return f"{spec['size']} {spec['precision']} {mode} {spec['optimizer']} batch {batch_label(spec)} {spec['path']}"
+    extras = " +metrics" if spec.get("metrics") else ""
+    return f"{spec['size']} {spec['precision']} {mode} {spec['optimizer']} batch {batch_label(spec)} {spec['path']}{extras}"
 
 
 def _status_line(row):
@@ -453,6 +463,12 @@ def main(argv=None):
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
     parser.add_argument("--strategies", default="NO", help="the giga path's engines: NO, ZERO2 (comma-separated)")
     parser.add_argument("--batch", type=int, default=None, help="sequences per micro-batch (default: the size's)")
+    parser.add_argument("--metrics", action="store_true",
+                        help="giga path: log tokens/s, MFU (one step's FLOPs counted) and peak memory")
+    parser.add_argument("--log-with", default="none",
+                        help="giga path's trackers: tensorboard, jsonl, wandb (comma-separated)")
+    parser.add_argument("--log-interval", type=int, default=None,
+                        help="giga path's steps between log steps (default: one, after the timed steps)")
     parser.add_argument("--steps", type=int, default=30, help="steps timed up to (warm-up included)")
     parser.add_argument("--warmup", type=int, default=5, help="first steps left out of the timing")
     parser.add_argument("--profile", type=int, nargs="?", const=3, default=0,
@@ -476,7 +492,8 @@ def main(argv=None):
             parser.error("need 1 <= --warmup < --steps")
         specs = [row_spec(args.size, path.strip(), device=args.device, compile=args.compile, precision=args.precision,
                           optimizer=optimizer.strip(), steps=args.steps, warmup=args.warmup, profile_steps=args.profile,
-                          accumulate=args.accumulate, batch=args.batch, strategy=strategy.strip())
+                          accumulate=args.accumulate, batch=args.batch, strategy=strategy.strip(),
+                          metrics=args.metrics, log_with=args.log_with, log_interval=args.log_interval)
                  for optimizer in args.optimizer.split(",") for path in args.paths.split(",")
                  for strategy in (args.strategies.split(",") if path.strip() == "giga" else ["NO"])]
         budget = args.budget

@@ -126,7 +126,7 @@ TRAIN = dict(
     ddp_config=Key(None, dict),  # DistributedDataParallel's keywords (Accelerate's DistributedDataParallelKwargs)
     fp8_config=Key(None, dict),
     data_parallel_size=Key(1, int, min=1),  # each batch is repeated this many times within the rank
-    log_with=Key("tensorboard", (str, list, tuple)),  # normalised to a list: [], ['tensorboard'], ['wandb'], both
+    log_with=Key("tensorboard", (str, list, tuple)),  # normalised to a list of LOG_TRACKERS' names
     log_interval=Key(10, int, min=1),
     log_cpu_memory=Key(True, bool),  # the log line shows the process's resident memory
     checkpoint_interval=Key(None, numbers.Real, check=_positive),  # steps; by epochs: epochs (a float: a fraction)
@@ -155,10 +155,27 @@ TRAIN = dict(
     eval_interval=Key(None, int, min=1),  # validate on dataloaders.val every N steps and at the last (None: never)
     eval_ema=Key(False, bool),  # validate on the EMA weights (needs with_ema)
     checkpoint_best=Key(None, dict, check=lambda v: _check_best(v)),  # dict(metric='val/loss', mode='min')
+    profile=Key(None, dict),  # a torch.profiler trace of chosen steps: PROFILE's keys
+    count_flops=Key(False, bool),  # count one step's FLOPs (torch.utils.flop_counter): TFLOP/s and MFU logged
+    flops_per_sample=Key(None, numbers.Real, check=_positive),  # or give them (forward + backward, one sample)
+    tokens_per_sample=Key(None, int, min=1),  # logs tokens_per_sec
+    peak_flops=Key(None, numbers.Real, check=_positive),  # FLOP/s of one device for MFU (None: known GPUs' bf16)
 )
 # In GigaTrain these are not Trainer keywords: they reach the trainer's self.kwargs, so they are in ours too.
 GIGATRAIN_KWARGS = ("max_grad_norm", "grad_norm_type", "loss_nan_total_limit", "resume")
-LOG_TRACKERS = ("tensorboard", "wandb")
+LOG_TRACKERS = ("tensorboard", "jsonl", "wandb")
+
+PROFILE = dict(  # torch.profiler.schedule's steps (of this run), then torch.profiler.profile's switches
+    skip_first=Key(0, int, min=0),
+    wait=Key(5, int, min=0),  # past the first steps' compilation and allocator warm-up
+    warmup=Key(1, int, min=0),
+    active=Key(3, int, min=1),
+    repeat=Key(1, int, min=0),  # windows; 0: until the run ends
+    record_shapes=Key(False, bool),
+    profile_memory=Key(False, bool),
+    with_stack=Key(False, bool),
+    with_flops=Key(False, bool),
+)
 
 TEST = dict(  # GigaTrain's Tester.__init__ keywords; other keys reach the tester's self.kwargs
     mixed_precision=Key("no", str, choices=MIXED_PRECISION),
@@ -478,6 +495,10 @@ def _check_train(train, project_dir, given=()):
     if interval is not None and train.max_epochs is None:
         train.checkpoint_interval = int(interval)
     train.log_with = _trackers(train.log_with)
+    if train.profile is not None:
+        _fill("train.profile", train.profile, PROFILE)
+    if train.count_flops and train.flops_per_sample is not None:
+        raise ConfigError("train: count_flops and flops_per_sample both given; count them or give them")
     if train.mixed_precision == "fp8":
         import torch
         if not torch.cuda.is_available():
@@ -540,6 +561,7 @@ def checkpoint_steps(train, epoch_size):
 
 def _trackers(value):
     """log_with: a name or a list (GigaTrain hands it to Accelerate) -> a list of the trackers to open."""
+    import importlib.util
     names = [value] if isinstance(value, str) else list(value)
     out = []
     for name in names:
@@ -547,15 +569,17 @@ def _trackers(value):
             raise ConfigError(f"train.log_with: expected tracker names, got {name!r}")
         name = name.strip().lower()
         if name == "all":  # Accelerate: every tracker that is installed
-            import importlib.util
-            wanted = ["tensorboard"] + (["wandb"] if importlib.util.find_spec("wandb") else [])
+            wanted = ["tensorboard", "jsonl"] + (["wandb"] if importlib.util.find_spec("wandb") else [])
         elif name in ("none", "no", ""):
             wanted = []
+        elif name == "wandb" and not importlib.util.find_spec("wandb"):
+            raise ConfigError("train.log_with: 'wandb' needs the wandb package: pip install 'giga-train[wandb]'"
+                              " (WANDB_MODE=offline writes the run under logging_dir without an account)")
         elif name in LOG_TRACKERS:
             wanted = [name]
         else:
-            raise ConfigError(f"train.log_with: {name!r} is not supported (choose from tensorboard, wandb, all,"
-                              f" none){did_you_mean(name, LOG_TRACKERS)}")
+            raise ConfigError(f"train.log_with: {name!r} is not supported (choose from tensorboard, jsonl, wandb,"
+                              f" all, none){did_you_mean(name, LOG_TRACKERS)}")
         out += [w for w in wanted if w not in out]
     return out
 

@@ -77,8 +77,8 @@ def test_log_with_is_a_name_or_a_list(tmp_path, value, trackers):
 
 
 def test_log_with_unknown_tracker(tmp_path):
-    refused(tmp_path, "train.log_with: 'tensorbord' is not supported (choose from tensorboard, wandb, all, none);"
-                      " did you mean 'tensorboard'?", log_with="tensorbord")
+    refused(tmp_path, "train.log_with: 'tensorbord' is not supported (choose from tensorboard, jsonl, wandb,"
+                      " all, none); did you mean 'tensorboard'?", log_with="tensorbord")
     refused(tmp_path, "train.log_with: 'comet_ml' is not supported", log_with=["tensorboard", "comet_ml"])
 
 

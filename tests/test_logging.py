@@ -15,7 +15,7 @@ def test_tensorboard_scalars_and_text_log(tmp_path, capsys):
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert tags == {f"train/{n}" for n in ("total_loss", "lm", "aux", "lr", "grad_norm", "step_time", "samples_per_sec",
-                                                      "nan_skipped")}
+                                                      "nan_skipped", "peak_rss_gb")}
     assert [e.value for e in events.Scalars("train/nan_skipped")] == [0, 0, 0]  # the NaN guard's count
     assert [e.step for e in events.Scalars("train/total_loss")] == [4, 8, 12]
     lm = [e.value for e in events.Scalars("train/lm")]

@@ -92,3 +92,15 @@ def test_gradient_accumulation_gives_equal_losses_in_both_paths(tmp_path):
         assert r["tokens_per_step"] == 2 * tiny.batch * tiny.seq
     assert rows["giga"]["losses"] == pytest.approx(rows["hand"]["losses"], rel=1e-6)
     assert rows["giga"]["losses"][0] != rows["giga"]["losses"][2], "distinct batches, and a step between"
+
+
+def test_metrics_row_logs_the_trainers_tokens_and_counted_flops():
+    """--metrics: the trainer counts one step's FLOPs; per token they are the bench's PaLM count (6 per
+    matmul parameter), with the attention term where torch's flop table has the kernel (not CPU's sdpa)."""
+    row = bench.run_row(bench.row_spec("tiny", "giga", device="cpu", precision="no", steps=4, warmup=1, metrics=True,
+                                       log_with="jsonl", log_interval=2))
+    logged, shape = row["logged"], SHAPES["tiny"]
+    assert row["status"] == "ok" and logged["tokens_per_sec"] == pytest.approx(logged["samples_per_sec"] * shape.seq)
+    counted = logged["tflops_per_device"] * 1e12 / logged["tokens_per_sec"]
+    assert min(abs(counted - f) / f for f in (6 * shape.linear_params(), shape.flops_per_token())) < 1e-6, counted
+    assert "mfu" not in logged and logged["peak_rss_gb"] > 0  # no peak FLOP/s on CPU

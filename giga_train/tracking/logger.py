@@ -1,10 +1,13 @@
-"""What the main process tells the user: a progress bar, a text log, TensorBoard scalars."""
+"""What the main process tells the user: a progress bar, a text log, the trackers' scalars."""
 import logging
 import os
 import sys
 import time
 
 from tqdm import tqdm
+
+from .run_config import json_safe
+from .trackers import build_trackers
 
 
 def text_logger(log_dir, is_main, file_name="train.log"):
@@ -34,34 +37,16 @@ class _TqdmHandler(logging.StreamHandler):
         tqdm.write(self.format(record), file=sys.stderr)
 
 
-def trackers(log_with):
-    """GigaTrain's log_with (a name, a list of names, or None) as a set of tracker names."""
-    names = [log_with] if isinstance(log_with, str) else list(log_with or [])
-    names = {n.lower() for n in names} - {"none"}
-    return {"tensorboard", "wandb"} if "all" in names else names
-
-
 class MetricLogger:
     """Scalars every log_interval: the text log, the progress bar, and the trackers `log_with` names
-    (TensorBoard, Weights & Biases), on the main rank."""
+    (tensorboard, jsonl, wandb), on the main rank; the resolved config and its hyper-parameters once.
+    `perf` (a PerfMeter) adds memory, throughput and MFU scalars."""
 
     def __init__(self, log_dir, log_with, is_main, start_step, max_steps, samples_per_step, show_bar=True,
-                 run_name=None, config=None):
-        self.is_main, self.samples_per_step = is_main, samples_per_step
-        self.writer = self.wandb = None
-        names = trackers(log_with) if is_main else set()
-        if "tensorboard" in names:
-            from torch.utils.tensorboard import SummaryWriter
-            # purge_step hides events a crashed run wrote past the step we resume from.
-            self.writer = SummaryWriter(log_dir, purge_step=start_step + 1 if start_step else None)
-        if "wandb" in names:
-            try:
-                import wandb
-            except ImportError:
-                from ..errors import ConfigError
-                raise ConfigError("train.log_with: 'wandb' needs the wandb package (pip install wandb);"
-                                  " WANDB_MODE=offline writes the run locally") from None
-            self.wandb = wandb.init(project=run_name, dir=log_dir, config=config, resume="allow")
+                 run_name=None, config=None, hparams=None, perf=None):
+        self.is_main, self.samples_per_step, self.perf = is_main, samples_per_step, perf
+        self.trackers = build_trackers(log_with, log_dir, run_name, start_step, json_safe(config or {}),
+                                       hparams or {}) if is_main else []
         self.bar = None
         if is_main and show_bar:
             self.bar = tqdm(total=max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
@@ -74,15 +59,13 @@ class MetricLogger:
         steps = max(step - self._last_step, 1)
         step_time = (now - self._last_time) / steps
         self._last_time, self._last_step = now, step
-        scalars = {**scalars, "step_time": step_time, "samples_per_sec": self.samples_per_step / step_time}
+        samples_per_sec = self.samples_per_step / step_time
+        scalars = {**scalars, "step_time": step_time, "samples_per_sec": samples_per_sec,
+                   **(self.perf.scalars(samples_per_sec) if self.perf is not None else {})}
         if not self.is_main:
             return scalars
-        tags = {name: name if "/" in name else f"train/{name}" for name in scalars}  # 'val/loss' stays itself
-        if self.writer is not None:
-            for name, value in scalars.items():
-                self.writer.add_scalar(tags[name], value, step)
-        if self.wandb is not None:
-            self.wandb.log({tags[name]: value for name, value in scalars.items()}, step=step)
+        for tracker in self.trackers:
+            tracker.log(step, scalars)
         parts = " | ".join(f"{k} {_fmt(v)}" for k, v in scalars.items())
         logging.getLogger("giga_train.metrics").info("step %d | %s", step, parts)
         if self.bar is not None:
@@ -96,11 +79,8 @@ class MetricLogger:
     def close(self):
         if self.bar is not None:
             self.bar.close()
-        if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
-        if self.wandb is not None:
-            self.wandb.finish()
+        for tracker in self.trackers:
+            tracker.close()
 
 
 def bar_postfix(scalars):

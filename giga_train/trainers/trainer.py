@@ -32,7 +32,7 @@ from ..optimizers.group import OptimizerGroup
 from ..registry import STRATEGIES
 from ..schedulers import SCHEDULERS
 from ..schema import train_kwargs
-from ..tracking import MetricLogger
+from ..tracking import MetricLogger, PerfMeter, StepProfiler, hparams
 from ..tracking.metrics import MetricSums
 from .best_checkpoint import BestCheckpoint
 from .checkpoint_hooks import CheckpointHooks
@@ -267,9 +267,16 @@ class Trainer(CheckpointHooks, Runner):
             log.info("already at step %d of %d: nothing to train", self.step, self.max_steps)
             return self._finish()
         train = self.train_config
+        # FLOPs are counted in the run's first step, or its second when compiling (the first compiles)
+        self._perf = PerfMeter(train, self.device, self.num_processes, self.batch_size,
+                               count_at_step=self.step + (2 if train.dynamo_config else 1))
         self._metrics = MetricLogger(self.logging_dir, train.log_with, self.is_main_process, self.step,
                                      self.max_steps, self.batch_size, show_bar=train.progress_bar,
-                                     run_name=os.path.basename(self.project_dir), config=self.config.to_dict())
+                                     run_name=os.path.basename(self.project_dir), config=self.config.to_dict(),
+                                     hparams=hparams(self.config, batch_size=self.batch_size,
+                                                     world_size=self.num_processes), perf=self._perf)
+        self._profiler = train.profile and StepProfiler(train.profile, self.logging_dir, self.process_index,
+                                                        self.device, self.step)
         self.print_before_train()
         self.model.train()
         self._sums, self._counted = {}, 0  # losses of the updated steps, summed on the device since the last log
@@ -277,8 +284,11 @@ class Trainer(CheckpointHooks, Runner):
         try:
             with self.preemption:
                 while self.step < self.max_steps:
-                    result = self.train_step()
+                    with self._perf.counting(self.step + 1):
+                        result = self.train_step()
                     self.step += 1
+                    if self._profiler:
+                        self._profiler.step()
                     self.nan_guard.record(self.step, result)
                     self._settle_skips()  # the flags that have reached the host; never waits
                     self._add_losses(self._step_losses, result)
@@ -302,6 +312,8 @@ class Trainer(CheckpointHooks, Runner):
             self.wait_for_checkpoint(raise_errors=False)  # what was taken before the error still lands
             raise
         finally:
+            if self._profiler:
+                self._profiler.close()
             self._metrics.close()
         self.print_after_train()
         return self._finish()

@@ -1,0 +1,20 @@
+"""The trackers `train.log_with` names; only the main process opens any."""
+
+
+def build_trackers(names, log_dir, run_name, start_step, config, hparams):
+    """The trackers for `names` (the schema's normalised log_with: 'tensorboard', 'jsonl', 'wandb'), each
+    holding `config` (JSON-safe) and `hparams` from the start."""
+    built = []
+    for name in names:
+        if name == "tensorboard":
+            from .tensorboard import TensorBoardTracker
+            built.append(TensorBoardTracker(log_dir, start_step, config, hparams))
+        elif name == "jsonl":
+            from .jsonl import JsonlTracker
+            built.append(JsonlTracker(log_dir, start_step, config, hparams))
+        elif name == "wandb":
+            from .wandb import WandbTracker
+            built.append(WandbTracker(log_dir, run_name, config))
+        else:
+            raise ValueError(f"unknown tracker {name!r}")  # the schema refuses it first
+    return built
