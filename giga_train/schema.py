@@ -162,7 +162,8 @@ TRAIN = dict(
     peak_flops=Key(None, numbers.Real, check=_positive),  # FLOP/s of one device for MFU (None: known GPUs' bf16)
 )
 # In GigaTrain these are not Trainer keywords: they reach the trainer's self.kwargs, so they are in ours too.
-GIGATRAIN_KWARGS = ("max_grad_norm", "grad_norm_type", "loss_nan_total_limit", "resume")
+# eval_interval too: ours validates by it, and forks of GigaTrain projects read it from self.kwargs for their own.
+GIGATRAIN_KWARGS = ("max_grad_norm", "grad_norm_type", "loss_nan_total_limit", "resume", "eval_interval")
 LOG_TRACKERS = ("tensorboard", "jsonl", "wandb")
 
 PROFILE = dict(  # torch.profiler.schedule's steps (of this run), then torch.profiler.profile's switches
@@ -323,8 +324,13 @@ def validate_config(cfg):
             del cfg.dataloaders[name]  # GigaTrain configs write `eval=None` for "no such loader"
             continue
         _check_loader(f"dataloaders.{name}", loader, required=name == "train", open_keys=own_loaders)
-    if cfg.train.eval_interval and (cfg.dataloaders.get("val") or {}).get("data_or_config") is None:
-        raise ConfigError("train.eval_interval: set dataloaders.val too (its data_or_config: the data to validate on)")
+    # eval_interval alone is a GigaTrain fork's own kwarg as well (its trainer validates itself): no val, no error
+    val = cfg.dataloaders.get("val")
+    if cfg.train.eval_interval and val is not None and val.get("data_or_config") is None:
+        raise ConfigError("train.eval_interval: set dataloaders.val.data_or_config too (the data to validate on)")
+    for key in ("checkpoint_best", "eval_ema"):
+        if cfg.train[key] and val is None:
+            raise ConfigError(f"train.{key}: set dataloaders.val too (the data to validate on)")
     if cfg.launch.distributed_type == "DEEPSPEED":
         from .distributed.deepspeed_config import resolve_deepspeed_config
         resolve_deepspeed_config(cfg.launch.deepspeed_config, cfg.train, cfg.dataloaders.train.batch_size_per_gpu,

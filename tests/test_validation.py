@@ -158,10 +158,11 @@ def test_bad_validation_keys_are_one_line(tmp_path, train, message):
 def test_eval_interval_needs_val_data_and_a_missing_best_metric_is_named(tmp_path):
     cfg = eval_job(tmp_path / "a")
     del cfg["dataloaders"]["val"]
-    with pytest.raises(ConfigError, match="train.eval_interval: set dataloaders.val too"):
-        validate_config(Config(cfg))
+    validate_config(Config(cfg))  # a GigaTrain fork's own kwarg: no val loader, nothing validated, no error
+    with pytest.raises(ConfigError, match="train.checkpoint_best: set dataloaders.val too"):
+        validate_config(Config(dict(cfg, train=dict(cfg["train"], checkpoint_best=dict(metric="val/loss")))))
     cfg["dataloaders"]["val"] = dict(batch_size_per_gpu=2)
-    with pytest.raises(ConfigError, match="train.eval_interval: set dataloaders.val too"):
+    with pytest.raises(ConfigError, match="train.eval_interval: set dataloaders.val.data_or_config too"):
         validate_config(Config(cfg))
     cfg = eval_job(tmp_path / "b", checkpoint_best=dict(metric="val/acc"))
     with pytest.raises(ConfigError, match=re.escape("'val/acc' is not among the validation results (val/loss)")):

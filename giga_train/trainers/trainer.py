@@ -120,8 +120,10 @@ class Trainer(CheckpointHooks, Runner):
         self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest)
         self._scheduler_rewind = SchedulerRewind(self.schedulers, self.optimizers)
         val = self.config.dataloaders.get("val")
-        if train.eval_interval:
+        if train.eval_interval and val is not None:
             self.validator = Validator(val, self.env)
+        elif train.eval_interval:  # a GigaTrain fork's own key too: its trainer may validate by self.kwargs
+            self.print("train.eval_interval without dataloaders.val: giga-train validates nothing")
         elif val is not None:
             self.print("dataloaders.val is not used: set train.eval_interval to validate every N steps")
         if train.checkpoint_best:
