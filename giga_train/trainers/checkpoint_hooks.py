@@ -37,10 +37,10 @@ class CheckpointHooks:
         # the newest intact checkpoint, or the one named; checksums verified (one line for a damaged file)
         path = self.checkpoints.resume_path(True if checkpoint is None else self._checkpoint_path(checkpoint))
         if path is None:
-            log.info("resume: no checkpoint in %s yet; starting from step 0", self.model_dir)
-            return
+            return  # the checkpoint manager said so, in one line
         self.checkpoints.load(path, self.load_state_dict)
-        log.info("resumed from %s at step %d (epoch %d)", path, self.step, self.epoch)
+        # the epoch as the folder names it (GigaTrain's cur_epoch), not the 0-based epoch the stream is in
+        log.info("resumed from %s at step %d (epoch %d)", path, self.step, self.cur_epoch)
 
     def load_checkpoint(self, checkpoint, models, strict=True):
         """Load model folders (config.json naming the class in `_class_name`, and the weights) into the
