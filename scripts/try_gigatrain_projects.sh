@@ -22,29 +22,33 @@ giga-world-0)
   config=configs/giga_world_0_video.py
   # What had to change, all config values: no GPUs; the tiny stand-ins; no DataLoader workers (a
   # 2-core machine); a short job in steps with a checkpoint mid-epoch (4 videos, batch 1).
-  stand_ins=$("$PY" -W ignore "$here/scripts/gigatrain_projects/tiny_giga_world_0.py" "$work/tiny" | tail -1)
-  sets="--set launch.gpu_ids=None $stand_ins --set dataloaders.train.num_workers=0
-        --set train.max_epochs=None --set train.max_steps=6 --set train.checkpoint_interval=3"
+  mapfile -t values < <("$PY" -W ignore "$here/scripts/gigatrain_projects/tiny_giga_world_0.py" "$work/tiny" | grep =)
+  values+=(launch.gpu_ids=None dataloaders.train.num_workers=0
+           train.max_epochs=None train.max_steps=6 train.checkpoint_interval=3)
   kill_at=checkpoint_epoch_1_step_3
   ;;
 *) echo "unknown project '$project' (known: giga-world-0)" >&2; exit 2 ;;
 esac
 
 train() { # project_dir: the project's config under `giga-train train`, run from its clone
-  (cd "$clone" && eval "\"$PY\" -W ignore -m giga_train train $config --set project_dir=$1 $sets")
+  local sets=() v
+  for v in "${values[@]}" "project_dir=$1"; do sets+=(--set "$v"); done
+  (cd "$clone" && exec "$PY" -W ignore -m giga_train train $config "${sets[@]}")
 }
 rm -rf "$work/full" "$work/killed"
 echo "== uninterrupted run"; train "$work/full" > "$work/full.log" 2>&1
 echo "== run killed (SIGKILL) once $kill_at is written"
-setsid bash -c "$(declare -f train); PY='$PY' clone='$clone' config='$config' sets='$sets'; train '$work/killed'" \
-  > "$work/killed.log" 2>&1 &
+train "$work/killed" > "$work/killed.log" 2>&1 &
 pid=$!
 until [ -f "$work/killed/models/$kill_at/meta.json" ]; do
   kill -0 $pid 2>/dev/null || { echo "the run ended before $kill_at" >&2; exit 1; }; sleep 0.2
 done
-kill -9 -- -$pid; wait $pid 2>/dev/null || true
+pkill -9 -P $pid; kill -9 $pid; wait $pid 2>/dev/null || true  # the subshell and its python
 echo "== resumed"; train "$work/killed" > "$work/resumed.log" 2>&1
 grep -h "resumed from\|done at" "$work"/*.log | sed 's/.*\[giga-train\] //'
 for tag in total_loss grad_norm; do
   "$PY" "$here/scripts/gigatrain_projects/compare_losses.py" "train/$tag" "$work/full" "$work/killed" 2>/dev/null
 done
+# the final weights and EMA weights, tensor for tensor
+final=$(basename "$(ls -d "$work"/full/models/checkpoint_*_step_* | sort -t_ -k5 -n | tail -1)")
+"$PY" "$here/scripts/gigatrain_projects/compare_losses.py" --weights "$work/full/models/$final" "$work/killed/models/$final"

@@ -1,6 +1,8 @@
 """Print each run's per-step losses (from its TensorBoard events) and whether the runs agree exactly.
-    python compare_losses.py TAG RUN_DIR RUN_DIR [...]   (exit 1 when a step both have differs)"""
+    python compare_losses.py TAG RUN_DIR RUN_DIR [...]   (exit 1 when a step both have differs)
+    python compare_losses.py --weights CHECKPOINT CHECKPOINT   (every safetensors tensor, bitwise)"""
 import glob
+import os
 import sys
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -17,7 +19,24 @@ def losses(run_dir, tag):
     return out
 
 
+def same_weights(a, b):
+    """Tensor for tensor (the files' bytes may differ: safetensors writes its metadata in any order)."""
+    import torch
+    from safetensors.torch import load_file
+    files = sorted(os.path.relpath(p, a) for p in glob.glob(f"{a}/**/*.safetensors", recursive=True))
+    assert files, f"no safetensors files under {a}"
+    for name in files:
+        x, y = load_file(os.path.join(a, name)), load_file(os.path.join(b, name))
+        if x.keys() != y.keys() or any(not torch.equal(x[k], y[k]) for k in x):
+            print(f"{name}: differ")
+            return False
+    print(f"{len(files)} weight files ({', '.join(files)}): every tensor identical")
+    return True
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--weights":
+        sys.exit(0 if same_weights(sys.argv[2], sys.argv[3]) else 1)
     tag, runs = sys.argv[1], sys.argv[2:]
     series = [losses(r, tag) for r in runs]
     for run, s in zip(runs, series):

@@ -5,7 +5,7 @@ out as the project's scripts/pack_data.py lays it out (labels + videos + prompt 
 
 Run in an environment holding the project's dependencies, with giga_models importable:
     python tiny_giga_world_0.py OUT_DIR
-Prints the `--set` values that point the project's config at OUT_DIR."""
+Prints the `--set` values (one a line) that point the project's config at OUT_DIR."""
 import os
 import sys
 
@@ -53,8 +53,7 @@ if __name__ == "__main__":
     out = os.path.abspath(sys.argv[1])
     make_models(out)
     make_data(out)
-    print(" ".join([
-        f"--set dataloaders.train.data_or_config=['{out}/data']",
-        f"--set models.vae_model_path={out}/vae", f"--set models.transformer_model_path={out}/transformer",
-        f"--set dataloaders.train.transform.num_frames={FRAMES}",
-        f"--set dataloaders.train.transform.height={HEIGHT}", f"--set dataloaders.train.transform.width={WIDTH}"]))
+    for value in [f"dataloaders.train.data_or_config=['{out}/data']", f"models.vae_model_path={out}/vae",
+                  f"models.transformer_model_path={out}/transformer", f"dataloaders.train.transform.num_frames={FRAMES}",
+                  f"dataloaders.train.transform.height={HEIGHT}", f"dataloaders.train.transform.width={WIDTH}"]:
+        print(value)  # one `--set` value a line
