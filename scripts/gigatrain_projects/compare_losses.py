@@ -1,6 +1,6 @@
 """Print each run's per-step losses (from its TensorBoard events) and whether the runs agree exactly.
     python compare_losses.py TAG RUN_DIR RUN_DIR [...]   (exit 1 when a step both have differs)
-    python compare_losses.py --weights CHECKPOINT CHECKPOINT   (every safetensors tensor, bitwise)"""
+    python compare_losses.py --weights CHECKPOINT CHECKPOINT   (every weight tensor, bitwise)"""
 import glob
 import os
 import sys
@@ -19,14 +19,20 @@ def losses(run_dir, tag):
     return out
 
 
-def same_weights(a, b):
-    """Tensor for tensor (the files' bytes may differ: safetensors writes its metadata in any order)."""
+def load(path):
     import torch
     from safetensors.torch import load_file
-    files = sorted(os.path.relpath(p, a) for p in glob.glob(f"{a}/**/*.safetensors", recursive=True))
-    assert files, f"no safetensors files under {a}"
+    return load_file(path) if path.endswith(".safetensors") else torch.load(path, map_location="cpu", weights_only=True)
+
+
+def same_weights(a, b):
+    """Tensor for tensor in the model folders (model/, model_ema/): the files' bytes may differ, safetensors
+    writes its metadata in any order; .bin files are checkpoint_safe_serialization=False's."""
+    import torch
+    files = sorted(os.path.relpath(p, a) for p in glob.glob(f"{a}/model*/*") if p.endswith((".safetensors", ".bin")))
+    assert files, f"no weight files under {a}/model*/"
     for name in files:
-        x, y = load_file(os.path.join(a, name)), load_file(os.path.join(b, name))
+        x, y = load(os.path.join(a, name)), load(os.path.join(b, name))
         if x.keys() != y.keys() or any(not torch.equal(x[k], y[k]) for k in x):
             print(f"{name}: differ")
             return False

@@ -7,7 +7,7 @@ state and action, robot_type agilex) with the per-episode T5 embedding files and
 config expects.
 
     python tiny_giga_world_policy.py OUT_DIR     (the project and giga_models importable)
-Prints the environment variables and `--set` values that point the project's config at OUT_DIR."""
+Prints the environment variables and `--set` values (one a line) that point the project's config at OUT_DIR."""
 import json
 import os
 import sys
@@ -80,8 +80,11 @@ if __name__ == "__main__":
     out = os.path.abspath(sys.argv[1])
     make_models(out)
     root = make_data(out)
-    print(" ".join([f"GWP_AGILEX_DATA_PATHS={root}", f"GWP0_TRANSFORMER_PRETRAINED={out}/transformer",
-                    f"GWP_WAN_PRETRAINED={out}/wan", f"GWP_NORM_STATS_PATH={out}/norm_stats.json",
-                    "GWP_GPU_IDS=", "GWP_NUM_WORKERS=0", "GWP_BATCH_SIZE_PER_GPU=1"]))
-    print(" ".join(f"--set models.transformer.{k}={v}" for k, v in TRANSFORMER.items())
-          + f" --set dataloaders.train.transform.dst_size=({SIZE},{SIZE})")
+    # the config's own environment variables (GWP_*), then `--set` values, one a line
+    for value in [f"GWP_AGILEX_DATA_PATHS={root}", f"GWP0_TRANSFORMER_PRETRAINED={out}/transformer",
+                  f"GWP_WAN_PRETRAINED={out}/wan", f"GWP_NORM_STATS_PATH={out}/norm_stats.json",
+                  "GWP_NUM_WORKERS=0", "GWP_BATCH_SIZE_PER_GPU=1"]:
+        print("env", value)
+    for key, value in TRANSFORMER.items():
+        print(f"models.transformer.{key}={value}")
+    print(f"dataloaders.train.transform.dst_size=({SIZE},{SIZE})")
