@@ -28,7 +28,7 @@ giga-world-0)
   mapfile -t values < <("$PY" -W ignore "$here/scripts/gigatrain_projects/tiny_giga_world_0.py" "$work/tiny" 2> "$work/tiny.log" | grep =)
   values+=(launch.gpu_ids=None dataloaders.train.num_workers=0
            train.max_epochs=None train.max_steps=6 train.checkpoint_interval=3 launch.num_processes=${RANKS:-1})
-  kill_at=checkpoint_epoch_1_step_3
+  kill_at=step_3
   ;;
 giga-world-policy)  # GigaWorld-Policy-0; its own copies of giga-datasets and giga-models (third_party/)
   config=configs/giga_world_policy_0_agilex_finetune.py
@@ -48,7 +48,7 @@ sys.exit(main(sys.argv[1:]))")
   values+=(launch.gpu_ids=None launch.until_completion=False dataloaders.train.transform.model_action_dim=16
            train.resume=True train.max_steps=6 train.checkpoint_interval=3 train.log_interval=1
            launch.num_processes=${RANKS:-1})
-  kill_at=checkpoint_epoch_1_step_3
+  kill_at=step_3
   ;;
 *) echo "unknown project '$project' (known: giga-world-0, giga-world-policy)" >&2; exit 2 ;;
 esac
@@ -62,10 +62,10 @@ echo "== giga-train check $config --set launch.gpu_ids=None (nothing else change
 (cd "$clone" && "$PY" -W ignore "${entry[@]}" check $config --set launch.gpu_ids=None 2>&1 | tail -1)
 rm -rf "$work/full" "$work/killed"
 echo "== uninterrupted run"; train "$work/full" > "$work/full.log" 2>&1
-echo "== run killed (SIGKILL) once $kill_at is written"
+echo "== run killed (SIGKILL) once the checkpoint of $kill_at is written"
 train "$work/killed" > "$work/killed.log" 2>&1 &
 pid=$!
-until [ -f "$work/killed/models/$kill_at/meta.json" ]; do
+until compgen -G "$work/killed/models/checkpoint_epoch_*_$kill_at/meta.json" > /dev/null; do
   kill -0 $pid 2>/dev/null || { echo "the run ended before $kill_at" >&2; exit 1; }; sleep 0.2
 done
 kill_tree() { local child; for child in $(pgrep -P "$1"); do kill_tree "$child"; done; kill -9 "$1" 2>/dev/null || true; }

@@ -26,11 +26,13 @@ def load(path):
 
 
 def same_weights(a, b):
-    """Tensor for tensor in the model folders (model/, model_ema/): the files' bytes may differ, safetensors
-    writes its metadata in any order; .bin files are checkpoint_safe_serialization=False's."""
+    """Tensor for tensor in every weight file of the checkpoint's model folders (the engine's own state
+    aside): the files' bytes may differ, safetensors writes its metadata in any order; .bin files are
+    checkpoint_safe_serialization=False's."""
     import torch
-    files = sorted(os.path.relpath(p, a) for p in glob.glob(f"{a}/model*/*") if p.endswith((".safetensors", ".bin")))
-    assert files, f"no weight files under {a}/model*/"
+    files = sorted(os.path.relpath(p, a) for p in glob.glob(f"{a}/**/*", recursive=True)
+                   if p.endswith((".safetensors", ".bin")) and "/deepspeed/" not in p)
+    assert files, f"no weight files in {a}"
     for name in files:
         x, y = load(os.path.join(a, name)), load(os.path.join(b, name))
         if x.keys() != y.keys() or any(not torch.equal(x[k], y[k]) for k in x):
