@@ -32,6 +32,10 @@ demo: $(VENV)/.installed
 
 # The reference venv builds in the background while the other tests run; the tests that compare with
 # GigaTrain run last (tests/conftest.py) and wait for it (tests/reference/harness.py holds a lock).
+# giga_datasets (the `gigatrain` extra) is not installed in .venv: its torchvision import fails beside the
+# CPU torch (the registry's torchvision wheels are CUDA builds). tests/test_giga_datasets.py runs our package
+# under .venv-gigatrain's Python instead (torch 2.14.1 + torchvision 0.29.1, CUDA builds that run on the CPU),
+# this repository first on PYTHONPATH so that our giga_train shadows GigaTrain's (README, "giga_datasets").
 test: $(VENV)/.installed $(VENV)/.triton
 	$(PY) -c "from tests.reference import harness; harness.reference_python()" > .venv-gigatrain.log 2>&1 &
 	$(PY) -m pytest -q

@@ -11,7 +11,7 @@ if ROOT not in sys.path:
 # Test modules that compare with the real GigaTrain 1.1.0: they run last, so that the reference venv (built
 # in the background by `make test`, or on first use) is ready by the time they need it.
 REFERENCE_MODULES = ("test_reference_sanity", "test_gigatrain_differential", "test_schedulers", "test_ema",
-                     "test_api_exports", "test_data")
+                     "test_api_exports", "test_data", "test_giga_datasets")
 
 
 def pytest_collection_modifyitems(items):

@@ -144,6 +144,16 @@ def test_disk_data_path(reference_docs):
     assert tester['properties']['after_load']['data_size'] == 10 and len(tester['results']) == 10
 
 
+def test_disk_bucket_data_path(reference_docs):
+    # giga_datasets' BucketSampler: buckets (index % 3: 8, 7, 7 samples) padded to whole global batches of 4,
+    # each batch from one bucket, 6 batches an epoch covering every sample
+    trainer = harness.trainer_run(reference_docs['disk_bucket'])
+    batches = [s['micro_batches'][0]['indices'] for s in trainer['steps']]
+    assert trainer['properties']['after_load']['epoch_size'] == 6 and len(batches) == 9
+    assert all(len({i % 3 for i in batch}) == 1 for batch in batches)
+    assert set(i for batch in batches[:6] for i in batch) == set(range(22))
+
+
 def test_comparable_and_diff(reference_docs):
     import copy
 

@@ -114,7 +114,7 @@ class DataStream:
             self._tagged = _EpochTagged(self.sampler)
             batching = dict(sampler=self._tagged, batch_size=cfg.batch_size_per_gpu, drop_last=False)
         else:
-            self.plan = EpochPlan(self.sampler, cfg.batch_size_per_gpu, self.sampler_seed(seed), rank, world_size,
+            self.plan = EpochPlan(self.sampler, cfg.batch_size_per_gpu, self._plan_seed(seed), rank, world_size,
                                   yields_batches, data_parallel_size,
                                   self_sharded=not ours and bool({"rank", "world_size"} & set(accepted)))
             self._tagged = _EpochPlanBatches(self.plan)
@@ -136,7 +136,7 @@ class DataStream:
         """Batches per epoch."""
         return self.sampler.num_batches if self.plan is None else len(self.plan.batches(self.epoch))
 
-    def sampler_seed(self, seed):
+    def _plan_seed(self, seed):
         """What seeds an EpochPlan's RNGs: the sampler's own seed where it has one (as GigaTrain's order
         depends on it only), else the run's."""
         own = getattr(self.sampler, "seed", None)

@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 VENV = os.environ.get('GIGATRAIN_REF_VENV', os.path.join(ROOT, '.venv-gigatrain'))
 RECORD = os.path.join(HERE, 'record.py')
-SCENARIOS = ('main', 'resume', 'resume_epoch2', 'epochs_ema', 'disk')
+SCENARIOS = ('main', 'resume', 'resume_epoch2', 'epochs_ema', 'disk', 'disk_bucket')
 
 
 def _stale(stamp):
@@ -39,25 +39,33 @@ def reference_python(venv=VENV):
     with open(venv.rstrip('/') + '.lock', 'w') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _stale(stamp):
+            # No PYTHONPATH: with this repository on it, setup.sh's final check imports our giga_train, not
+            # GigaTrain's, fails, and the next call removes the venv to build it again.
+            env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
             proc = subprocess.run(['bash', os.path.join(HERE, 'setup.sh'), venv], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
+                                  stderr=subprocess.STDOUT, text=True, env=env)
             if proc.returncode != 0 or not os.path.exists(stamp):
                 raise RuntimeError('building the GigaTrain reference venv failed (exit %d):\n%s'
                                    % (proc.returncode, proc.stdout[-6000:]))
     return py
 
 
-def record(scenario, workdir, python=None, timeout=600, allow_failure=False):
+def record(scenario, workdir, python=None, timeout=600, allow_failure=False, giga_train_path=None):
     """Run one scenario of the client under `python` (default: the reference venv) and return its JSON.
-    `allow_failure`: a phase that failed is in the JSON (its `ok` and `error`) instead of an exception."""
+    `allow_failure`: a phase that failed is in the JSON (its `ok` and `error`) instead of an exception.
+    `giga_train_path`: a checkout whose `giga_train` the phases import first (ours, under the reference
+    venv's Python: the giga_datasets scenarios)."""
     python = python or reference_python()
     workdir = os.path.abspath(str(workdir))
     os.makedirs(workdir, exist_ok=True)
     out = os.path.join(workdir, '%s.json' % scenario)
+    env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'MASTER_ADDR', 'MASTER_PORT')}
+    env.pop('RECORD_GIGA_TRAIN_PATH', None)
+    if giga_train_path:
+        env['RECORD_GIGA_TRAIN_PATH'] = giga_train_path
     proc = subprocess.run([python, RECORD, '--scenario', scenario, '--workdir', os.path.join(workdir, scenario),
                            '--out', out], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, env={k: v for k, v in os.environ.items()
-                                              if k not in ('PYTHONPATH', 'MASTER_ADDR', 'MASTER_PORT')})
+                          timeout=timeout, env=env)
     if not os.path.exists(out) or (proc.returncode != 0 and not allow_failure):
         raise RuntimeError('recording %r under %s failed (exit %d):\n%s'
                            % (scenario, python, proc.returncode, proc.stdout[-6000:]))

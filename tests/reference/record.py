@@ -152,6 +152,22 @@ def scenario_phases(name, project_dir):
                                           num_workers=0, transform=dict(type='ScaleX', factor=0.5))
         cfg['train'].update(max_steps=6, checkpoint_interval=6)
         return [cfg]
+    if name == 'disk_bucket':
+        # giga_datasets' BucketSampler on two `Dataset` folders (a ConcatDataset of 12 + 10 samples in 3
+        # buckets), each bucket padded to whole global batches and the batches shuffled across buckets.
+        from ref_client.data import write_bucketed_dataset
+
+        data_dir = os.path.join(os.path.dirname(project_dir), 'data')
+        if not os.path.exists(os.path.join(data_dir, 'done')):
+            write_bucketed_dataset(os.path.join(data_dir, 'part_a'), size=12, start=0)
+            write_bucketed_dataset(os.path.join(data_dir, 'part_b'), size=10, start=12)
+            open(os.path.join(data_dir, 'done'), 'w').close()
+        cfg['runners'] = cfg['runners'][:1]
+        cfg['dataloaders']['train'] = dict(
+            data_or_config=[os.path.join(data_dir, 'part_a'), os.path.join(data_dir, 'part_b')],
+            sampler=dict(type='BucketSampler', seed=7), batch_size_per_gpu=4, num_workers=0, transform=None)
+        cfg['train'].update(max_steps=9, checkpoint_interval=9)
+        return [cfg]
     if name == 'epochs_ema':
         # by epochs, accumulation 2, EMA, safetensors, optimizer state kept in the newest only,
         # checkpoint_interval in epochs (a fraction), keeps by epoch, no total limit (-1).
@@ -166,7 +182,7 @@ def scenario_phases(name, project_dir):
     raise SystemExit('unknown scenario %r' % name)
 
 
-SCENARIOS = ['main', 'resume', 'resume_epoch2', 'epochs_ema', 'disk']
+SCENARIOS = ['main', 'resume', 'resume_epoch2', 'epochs_ema', 'disk', 'disk_bucket']
 
 
 # ----------------------------------------------------------------------------------------- summaries
@@ -514,7 +530,9 @@ def main():
         return
     os.makedirs(workdir, exist_ok=True)
     env = dict(os.environ)
-    env.pop('PYTHONPATH', None)           # nothing of the caller's (our repository) on the path
+    env.pop('PYTHONPATH', None)           # nothing of the caller's (our repository) on the path ...
+    if os.environ.get('RECORD_GIGA_TRAIN_PATH'):  # ... unless asked: giga-train's checkout run by another Python
+        env['PYTHONPATH'] = os.environ['RECORD_GIGA_TRAIN_PATH']
     env.pop('AIHC_TENSORBOARD_LOG_PATH', None)
     env.setdefault('CUDA_VISIBLE_DEVICES', '')
     env.setdefault('OMP_NUM_THREADS', '1')

@@ -51,11 +51,12 @@ else:
     register_dataset(TinyRegression)
 
 
-def write_pkl_dataset(folder, size=22, dim=4, seed=0, start=0):
+def write_pkl_dataset(folder, size=22, dim=4, seed=0, start=0, buckets=None):
     """Write samples start..start+size-1 of ``TinyRegression(size=start+size, ...)`` as a giga_datasets
     ``PklDataset`` folder: ``data.pkl`` (a pickled list of sample dicts, numpy values) and
     ``config.json`` (``_class_name``, ``_key_names``, ``data_size``), the layout giga_datasets'
-    PklWriter writes. Plain pickle/json: needs no giga_datasets to write."""
+    PklWriter writes. Plain pickle/json: needs no giga_datasets to write. ``buckets``: each sample also
+    gets ``bucket_index = index % buckets`` (what giga_datasets' BucketSampler groups by)."""
     import json
     import os
     import pickle
@@ -63,8 +64,24 @@ def write_pkl_dataset(folder, size=22, dim=4, seed=0, start=0):
     full = TinyRegression(size=start + size, dim=dim, seed=seed)
     os.makedirs(folder, exist_ok=True)
     samples = [dict(index=i, x=full.x[i].numpy(), y=full.y[i].numpy()) for i in range(start, start + size)]
+    if buckets:
+        for sample in samples:
+            sample['bucket_index'] = sample['index'] % buckets
     with open(os.path.join(folder, 'data.pkl'), 'wb') as f:
         pickle.dump(samples, f)
     with open(os.path.join(folder, 'config.json'), 'w') as f:
-        json.dump(dict(_class_name='PklDataset', _key_names=['index', 'x', 'y'], data_size=size), f, indent=4)
+        json.dump(dict(_class_name='PklDataset', _key_names=sorted(samples[0]), data_size=size), f, indent=4)
+    return folder
+
+
+def write_bucketed_dataset(folder, size, start, buckets=3):
+    """A giga_datasets ``Dataset`` folder over one PklDataset (``pkl/``) whose samples carry
+    ``bucket_index``: its bucket and aspect-ratio samplers read only that layout (``Dataset`` or a
+    ``ConcatDataset`` of them); ``config.json`` as ``Dataset.save`` writes it."""
+    import json
+    import os
+
+    write_pkl_dataset(os.path.join(folder, 'pkl'), size=size, start=start, buckets=buckets)
+    with open(os.path.join(folder, 'config.json'), 'w') as f:
+        json.dump(dict(_class_name='Dataset', config_paths=['pkl/config.json']), f, indent=4)
     return folder
