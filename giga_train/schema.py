@@ -131,8 +131,8 @@ TRAIN = dict(
     log_cpu_memory=Key(True, bool),  # the log line shows the process's resident memory
     checkpoint_interval=Key(None, numbers.Real, check=_positive),  # steps; by epochs: epochs (a float: a fraction)
     checkpoint_total_limit=Key(None, int),  # -1 / 0 (GigaTrain's default -1): no limit -> None
-    checkpoint_keeps=Key([], (list, tuple), check=_list_of(int, "a step number")),
-    checkpoint_save_optimizer=Key(True, bool),  # False: only the newest checkpoint keeps the optimizer state
+    checkpoint_keeps=Key([], (list, tuple), check=_list_of(int, "a step (by epochs: an epoch) number")),
+    checkpoint_save_optimizer=Key(True, bool),  # False: only the two newest (and kept) keep the optimizer state
     checkpoint_safe_serialization=Key(True, bool),
     checkpoint_strict=Key(True, bool),
     activation_checkpointing=Key(False, bool),

@@ -200,15 +200,31 @@ def setup_environment():
     os.environ["PYTHONPATH"] = f"{current}:{work_dir}" if current is not None else work_dir
 
 
-# -- weights ----------------------------------------------------------------------------------------
-def _weights_file(folder):
-    for name in (WEIGHTS_NAME, SAFETENSORS_WEIGHTS_NAME, "model.safetensors", "pytorch_model.bin"):
+# -- weights ---------------------------------------------------------------------------------------
+# The weights files of a model folder, most specific first: GigaTrain's (diffusers') names, then
+# transformers'. Big models may be sharded: `<stem>-00001-of-0000N.<ext>` with `<name>.index.json`
+# (diffusers and transformers name them so); the index's weight_map names each tensor's shard.
+WEIGHTS_NAMES = (WEIGHTS_NAME, SAFETENSORS_WEIGHTS_NAME, "model.safetensors", "pytorch_model.bin")
+
+
+def _weights_files(folder):
+    """The files holding a model folder's weights: one file, or the shards an index lists."""
+    for name in WEIGHTS_NAMES:
         path = os.path.join(folder, name)
         if os.path.isfile(path):
-            return path
+            return [path]
+    for name in WEIGHTS_NAMES:
+        index = os.path.join(folder, name + ".index.json")
+        if os.path.isfile(index):
+            import json
+            with open(index) as f:
+                weight_map = json.load(f).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise ValueError(f"{index}: no weight_map")
+            return [os.path.join(folder, shard) for shard in sorted(set(weight_map.values()))]
     found = sorted(glob.glob(os.path.join(folder, "*.safetensors")) + glob.glob(os.path.join(folder, "*.bin")))
     if len(found) == 1:
-        return found[0]
+        return found
     raise FileNotFoundError(f"{folder}: no weights file ({WEIGHTS_NAME}, {SAFETENSORS_WEIGHTS_NAME}, or one "
                             f"*.safetensors / *.bin)" if not found else f"{folder}: several weights files: "
                             f"{', '.join(os.path.basename(f) for f in found)}")
@@ -216,11 +232,15 @@ def _weights_file(folder):
 
 def load_state_dict(weight_path, weights_only=True):
     """A state dict on the CPU from a weights file, or from a model folder (GigaTrain's
-    diffusion_pytorch_model.{bin,safetensors}, else model.safetensors, pytorch_model.bin, or its one
-    *.safetensors / *.bin file). `weights_only` goes to torch.load (True: no pickled code runs)."""
+    diffusion_pytorch_model.{bin,safetensors}, else model.safetensors, pytorch_model.bin, the shards of
+    a `*.index.json`, or its one *.safetensors / *.bin file). `weights_only` goes to torch.load (True:
+    no pickled code runs)."""
     if os.path.isdir(weight_path):
-        weight_path = _weights_file(weight_path)
-    elif not os.path.isfile(weight_path):
+        state = {}
+        for path in _weights_files(weight_path):
+            state.update(load_state_dict(path, weights_only))
+        return state
+    if not os.path.isfile(weight_path):
         raise FileNotFoundError(f"no weights at {weight_path}")
     if weight_path.endswith(".safetensors"):
         from safetensors.torch import load_file

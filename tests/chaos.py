@@ -101,11 +101,11 @@ def train(project, env=None, restarts=0):
 
 
 def final_weights(project):
-    from giga_train.checkpoint import list_checkpoints, load_weights
+    from giga_train.checkpoint import list_checkpoints, read_weights
     checkpoints = list_checkpoints(os.path.join(project, "models"))
     if not checkpoints or checkpoints[-1][0] != MAX_STEPS:
         return None
-    return load_weights(os.path.join(checkpoints[-1][1], "model"))
+    return read_weights(checkpoints[-1][1])
 
 
 def run_chaos(workdir, events=3, seed=0, log=print):

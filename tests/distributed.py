@@ -4,7 +4,7 @@ import os
 import torch
 
 from giga_train import launch_from_config
-from giga_train.checkpoint import list_checkpoints, load_weights
+from giga_train.checkpoint import list_checkpoints, read_weights
 from tests.tiny import tiny_config
 
 BATCH = 8
@@ -21,7 +21,7 @@ def job(project, distributed_type="NO", ranks=1, launch=None, **train):
 
 def final_weights(project):
     _, path = list_checkpoints(os.path.join(str(project), "models"))[-1]
-    return load_weights(os.path.join(path, "model"))
+    return read_weights(path)
 
 
 def assert_same_weights(got, expected, rtol=1e-4, atol=1e-6):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from giga_train import launch_from_config
-from giga_train.checkpoint import list_checkpoints, load_weights
+from giga_train.checkpoint import list_checkpoints, read_weights
 from giga_train.checkpoint.convert import read_state
 from tests.distributed import job
 from tests.test_disk_full import LIMITED
@@ -50,10 +50,10 @@ class AsyncRun(TinyTrainer):
     def save_checkpoint(self):
         saved, write_model = self.step, type(self.checkpoints).write_model.__get__(self.checkpoints)
 
-        def lagging_write_model(*args):
+        def lagging_write_model(*args, **kwargs):
             while self.step == saved and not self.waiting:
                 time.sleep(0.005)
-            write_model(*args)
+            write_model(*args, **kwargs)
         self.checkpoints.write_model = lagging_write_model
         return super().save_checkpoint()
 
@@ -98,7 +98,7 @@ def assert_same_checkpoint(a, b):
     """Two checkpoint folders with the same files and the same content, to the bit."""
     assert files(a) == files(b)
     assert_same(read_state(a), read_state(b), "weights, optimizer")
-    assert_same(load_weights(os.path.join(a, "model_ema")), load_weights(os.path.join(b, "model_ema")), "ema")
+    assert_same(read_weights(a, ema=True), read_weights(b, ema=True), "ema")
     for name in [f for f in files(a) if f.endswith(".pt")]:  # training state, RNG states, precision
         assert_same(*(torch.load(os.path.join(path, name), weights_only=True) for path in (a, b)), name)
 
@@ -141,9 +141,9 @@ def test_kill_9_while_an_async_write_is_in_flight_resumes_from_the_previous_chec
     assert (models / ".tmp_checkpoint_epoch_1_step_4" / "optimizer_dcp").is_dir()
     resumed = launch_from_config(cfg)
     assert resumed.losses == reference.losses[2 * 2:]
-    for folder in ("model", "model_ema"):
-        final = [os.path.join(p, folder) for p in (reference.checkpoints.latest(), resumed.checkpoints.latest())]
-        assert_same(load_weights(final[0]), load_weights(final[1]), folder)
+    for ema in (False, True):
+        final = [read_weights(p, ema=ema) for p in (reference.checkpoints.latest(), resumed.checkpoints.latest())]
+        assert_same(final[0], final[1], "ema" if ema else "weights")
     assert not [n for n in os.listdir(models) if n.startswith(".")], "the half-written one is swept"
 
 

@@ -39,7 +39,7 @@ def test_full_disk_in_the_optimizer_write_is_one_line_too(tmp_path):
     cfg = tiny_config(tmp_path, max_steps=2, checkpoint_interval=2, resume=True, with_ema=False)
     launch_from_config(cfg)
     before = list_checkpoints(str(tmp_path / "models"))
-    model = os.path.getsize(os.path.join(before[0][1], "model", "model.safetensors"))
+    model = os.path.getsize(os.path.join(before[0][1], "model", "diffusion_pytorch_model.safetensors"))
     optimizer = os.path.getsize(os.path.join(before[0][1], "optimizer_dcp", "__0_0.distcp"))
     limit = (model + optimizer) // 2
     assert model < limit < optimizer

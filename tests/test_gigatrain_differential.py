@@ -3,9 +3,11 @@ ModuleDict with per-sample losses, WarmupCosine, extra train keys) run by the re
 venv, built from the registry) and by giga-train, compared number by number.
 
 Exact: the lr of every step, the samples of every micro-batch, the scalar properties, the checkpoint folder
-names. Within 1e-5 relative: the losses (the two venvs run different torch builds, 2.14.1 and 2.13.0; on
+names and their model layout (member folders, config.json, `<name>_ema/`, which checkpoints keep optimizer
+state); GigaTrain's own Trainer.load_checkpoint reads our model folders. Within 1e-5 relative: the losses (the two venvs run different torch builds, 2.14.1 and 2.13.0; on
 this CPU they have agreed to the last bit). The hook sequence is GigaTrain's up to the differences listed in
 DIFFERENT_HOOKS (and in the README's table)."""
+import os
 import re
 
 import pytest
@@ -24,7 +26,10 @@ LOSS_TAGS = ("total_loss", "mse", "aux")
 def ours(tmp_path_factory):
     import sys
     work = tmp_path_factory.mktemp("gigatrain-ours")
-    return {s: harness.record(s, work, python=sys.executable, allow_failure=True) for s in ("main", "resume")}
+    docs = {s: harness.record(s, work, python=sys.executable) for s in ("main", "resume", "epochs_ema")}
+    for s, doc in docs.items():
+        doc["workdir"] = os.path.join(str(work), s)
+    return docs
 
 
 def trainer_runs(doc):
@@ -71,10 +76,86 @@ def test_logged_losses_and_checkpoint_names(reference_docs, ours):
     assert names[1] == names[0]  # GigaTrain's names and rolling limit (checkpoint_total_limit=2)
 
 
-def test_the_one_runner_that_does_not_run_yet_is_the_tester_reading_gigatrain_model_folders(ours):
-    """The client's Tester loads `<checkpoint>/encoder/` and `head/`, GigaTrain's per-model folders; ours
-    still writes `model/encoder.safetensors` (GigaTrain's layout is issue 16). Everything else ran."""
+def test_every_runner_runs_and_the_tester_scores_as_gigatrains(reference_docs, ours):
+    """The client's Tester loads `<checkpoint>/encoder/` and `head/` (GigaTrain's per-model folders) with
+    giga_train.utils.load_state_dict: it runs on our checkpoints and scores the test set as on GigaTrain's."""
     failed = [(doc["scenario"], phase["error"]) for doc in ours.values() for phase in doc["phases"] if not phase["ok"]]
-    assert failed and all("encoder" in error for _, error in failed), failed
-    assert all(r["runner"].endswith("Trainer") or r["results"] is None
-               for doc in ours.values() for phase in doc["phases"] for r in phase["runners"])
+    assert not failed, failed
+    for scenario in ("main", "resume"):
+        testers = [[r["results"] for p in doc["phases"] for r in p["runners"] if r["runner"].endswith("Tester")]
+                   for doc in (reference_docs[scenario], ours[scenario])]
+        assert len(testers[0]) == len(testers[1]) == 1 and len(testers[0][0]) == 10  # the 10 test samples
+        assert not harness.diff(testers[0], testers[1], rtol=1e-5, atol=1e-7), harness.diff(testers[0], testers[1])
+
+
+# Files of the model layout (GigaTrain's save_model_hook, and Accelerate's model.safetensors with EMA); the
+# rest of a checkpoint is each engine's own (Accelerate's optimizer.bin, scheduler.bin, *.pkl; our meta.json,
+# optimizer_dcp/, training_state.pt, random_states_*.pt).
+MODEL_LAYOUT = re.compile(r"^models/(checkpoint_epoch_\d+_step_\d+)/(\w+/(config\.json|diffusion_pytorch_model\."
+                          r"safetensors)|ema_config\.json|model\.safetensors)$")
+OPTIMIZER_STATE = {"optimizer.bin", "optimizer_dcp/"}  # Accelerate's, ours
+
+
+def model_layout(tree):
+    """{checkpoint: sorted model-layout paths}, weights as safetensors: GigaTrain's default is pickled .bin,
+    ours safetensors unless checkpoint_safe_serialization=False (README, Coming from GigaTrain)."""
+    found = {}
+    for path in tree:
+        m = MODEL_LAYOUT.match(path.replace(".bin", ".safetensors"))
+        if m:
+            found.setdefault(m.group(1), []).append(m.group(2))
+    return {name: sorted(paths) for name, paths in found.items()}
+
+
+def with_optimizer_state(tree):
+    return sorted({p.split("/")[1] for p in tree if p.startswith("models/checkpoint")
+                   and p.split("/", 2)[2] in OPTIMIZER_STATE})
+
+
+@pytest.mark.parametrize("scenario", ["main", "resume", "epochs_ema"])
+def test_checkpoint_model_layout_is_gigatraines(reference_docs, ours, scenario):
+    """The member folders (config.json + weights), `<name>_ema/`, ema_config.json and, with EMA, the live
+    weights in model.safetensors at the root: GigaTrain's tree, checkpoint by checkpoint; by epochs with
+    checkpoint_save_optimizer=False and keeps [1] (epochs_ema) the same checkpoints keep optimizer state."""
+    ref, got = reference_docs[scenario]["phases"][-1]["tree"], ours[scenario]["phases"][-1]["tree"]
+    assert model_layout(got) == model_layout(ref) and model_layout(ref)
+    assert with_optimizer_state(got) == with_optimizer_state(ref)
+    if scenario == "main":
+        assert "models/checkpoint_epoch_2_step_8/encoder/diffusion_pytorch_model.safetensors" in got
+
+
+LOAD_WITH_GIGATRAIN = """
+import sys
+sys.path.insert(0, {reference!r})  # ref_client's models; never the repository root (our giga_train)
+from safetensors.torch import save_file
+from giga_train import Trainer
+from ref_client.models import Encoder, Head
+trainer = Trainer(project_dir={project!r}, max_steps=1)
+encoder, head = Encoder(in_dim=4, hidden=8), Head(hidden=8)
+trainer.load_checkpoint([{checkpoint!r} + '/encoder', {checkpoint!r} + '/head'], [head, encoder])
+state = {{'encoder.' + k: v for k, v in encoder.state_dict().items()}}
+state.update({{'head.' + k: v for k, v in head.state_dict().items()}})
+save_file(state, {out!r})
+"""
+
+
+def test_gigatrains_load_checkpoint_reads_our_model_folders(ours, tmp_path):
+    """A later stage of a GigaTrain project (the real GigaTrain 1.1.0's Trainer.load_checkpoint) starting
+    from the model folders our run wrote: it finds each folder's class and loads our weights exactly."""
+    import subprocess
+
+    import torch
+    from safetensors.torch import load_file
+
+    from giga_train.checkpoint import list_checkpoints, read_weights
+    project = os.path.join(ours["main"]["workdir"], "project")
+    checkpoint = list_checkpoints(os.path.join(project, "models"))[-1][1]
+    out = str(tmp_path / "loaded.safetensors")
+    script = LOAD_WITH_GIGATRAIN.format(reference=os.path.dirname(harness.RECORD), project=str(tmp_path / "p"),
+                                        checkpoint=checkpoint, out=out)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT")}
+    run = subprocess.run([harness.reference_python(), "-c", script], cwd=str(tmp_path), env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    loaded, saved = load_file(out), read_weights(checkpoint)
+    assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)

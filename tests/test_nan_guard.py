@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from giga_train import ConfigError, launch_from_config
-from giga_train.checkpoint import list_checkpoints, load_weights
+from giga_train.checkpoint import list_checkpoints, read_weights
 from giga_train.optimizers.found_inf import supports_found_inf
 from giga_train.optimizers import FusedAdam
 from giga_train.trainers import nan_guard
@@ -20,7 +20,7 @@ from tests.tiny import late_flags, tiny_config
 
 def weights(project, step, member="model"):
     path = dict(list_checkpoints(os.path.join(str(project), "models")))[step]
-    return load_weights(os.path.join(path, member))
+    return read_weights(path, ema=member == "model_ema")
 
 
 def assert_equal(a, b):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from giga_train import launch_from_config
-from giga_train.checkpoint import list_checkpoints, load_weights
+from giga_train.checkpoint import list_checkpoints, read_weights
 from tests.distributed import job
 
 MAX = 8
@@ -25,7 +25,7 @@ def config(project, ranks, num_workers=0):
 def final_weights(project):
     step, path = list_checkpoints(os.path.join(str(project), "models"))[-1]
     assert step == MAX
-    return load_weights(os.path.join(path, "model"))
+    return read_weights(path)
 
 
 @pytest.fixture(scope="module")

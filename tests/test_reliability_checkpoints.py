@@ -145,7 +145,7 @@ def truncate(path):
         f.truncate(os.path.getsize(path) // 2)
 
 
-DAMAGE = {"model/model.safetensors": flip_bit, "optimizer_dcp/__0_0.distcp": garbage,
+DAMAGE = {"model/diffusion_pytorch_model.safetensors": flip_bit, "optimizer_dcp/__0_0.distcp": garbage,
           "random_states_0.pt": os.remove, "training_state.pt": truncate}
 
 
@@ -177,7 +177,7 @@ def test_a_damaged_file_falls_back_or_stops_in_one_line(two_checkpoints, tmp_pat
         manager.resume_path(str(newest))
 
     # end to end: the run resumes from step 2 and trains on; explicitly, one line and exit 1
-    if rel == "model/model.safetensors":
+    if rel == "model/diffusion_pytorch_model.safetensors":
         cfg = cfg_for(tmp_path / "q", max_steps=5, resume=str(newest))
         path = tmp_path / "cfg.py"
         path.write_text(f"config = {cfg!r}\n")

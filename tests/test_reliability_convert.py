@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from giga_train import launch_from_config
-from giga_train.checkpoint import list_checkpoints, load_weights
+from giga_train.checkpoint import list_checkpoints, read_weights
 from giga_train.cli import main
 from tests.distributed import job
 
@@ -23,7 +23,7 @@ def test_convert_reads_every_deepspeed_layout(tmp_path, stage, ranks, precision)
     assert main(["convert", path, "--to", "full", "--out", str(tmp_path / "full")]) == 0
     from safetensors.torch import load_file
     weights = load_file(tmp_path / "full" / "model.safetensors")
-    saved = load_weights(os.path.join(path, "model"))  # the fp32 master weights the checkpoint's model/ holds
+    saved = read_weights(path)  # the fp32 master weights the checkpoint's model/ holds
     assert weights.keys() == saved.keys() and all(torch.equal(weights[k], saved[k]) for k in saved)
     optimizer = torch.load(tmp_path / "full" / "optimizer.pt", weights_only=True)
     from examples.char_lm.model import CharLM

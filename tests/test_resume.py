@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from giga_train import launch_from_config
-from giga_train.checkpoint import list_checkpoints, load_weights, read_meta
+from giga_train.checkpoint import list_checkpoints, read_meta, read_weights
 from tests.tiny import tiny_config
 
 MAX = 40
@@ -23,7 +23,7 @@ def config(project, **train):
 
 def final_weights(project):
     step, path = list_checkpoints(os.path.join(project, "models"))[-1]
-    return step, load_weights(os.path.join(path, "model")), load_weights(os.path.join(path, "model_ema"))
+    return step, read_weights(path), read_weights(path, ema=True)
 
 
 def assert_same_weights(a, b):
@@ -80,7 +80,7 @@ def test_kill_9_then_resume_equals_uninterrupted(tmp_path, uninterrupted, kill):
     newest_step = list_checkpoints(str(models))[-1][0]
     assert newest_step == {"step:15": 10, "save:20": 10, "step:31": 30}[kill]
     if kill.startswith("save"):
-        assert (models / ".tmp_checkpoint_epoch_1_step_20" / "model").is_dir()  # the half-written one
+        assert (models / ".tmp_checkpoint_epoch_1_step_20" / "model_ema").is_dir()  # the half-written one
     resumed = launch_from_config(cfg)
     assert resumed.losses == losses[newest_step * 2:]
     _, weights2, ema2 = final_weights(str(tmp_path))
@@ -99,7 +99,7 @@ def test_total_limit_keeps_and_metadata(tmp_path):
     folder = tmp_path / "models" / "checkpoint_epoch_1_step_30"
     assert sorted(os.listdir(folder)) == ["meta.json", "model", "optimizer_dcp", "precision.pt",
                                           "random_states_0.pt", "training_state.pt"]
-    assert os.listdir(folder / "model") == ["model.safetensors"]
+    assert os.listdir(folder / "model") == ["diffusion_pytorch_model.safetensors"]  # GigaTrain's name, safetensors
     # training state loads without unpickling code
     torch.load(folder / "training_state.pt", weights_only=True)
     torch.load(folder / "precision.pt", weights_only=True)
@@ -109,7 +109,7 @@ def test_resume_from_a_named_checkpoint_and_pickle_weights(tmp_path):
     cfg = tiny_config(tmp_path, max_steps=10, checkpoint_interval=5, checkpoint_safe_serialization=False)
     launch_from_config(cfg)
     folder = tmp_path / "models" / "checkpoint_epoch_1_step_5"
-    assert os.listdir(folder / "model") == ["model.bin"]
+    assert os.listdir(folder / "model") == ["diffusion_pytorch_model.bin"]
     cfg["train"].update(resume=str(folder), max_steps=12)
     trainer = launch_from_config(cfg)
     assert len(trainer.losses) == 7 and trainer.step == 12

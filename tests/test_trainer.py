@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from giga_train import Trainer, launch_from_config
-from giga_train.checkpoint import list_checkpoints, load_weights
+from giga_train.checkpoint import list_checkpoints, read_weights
 from giga_train.distributed.activation_checkpointing import apply_activation_checkpointing
 from examples.char_lm.model import CharLM
 from tests.tiny import MODEL, tiny_config
@@ -14,7 +14,7 @@ from tests.tiny import MODEL, tiny_config
 
 def weights_of(project):
     _, path = list_checkpoints(os.path.join(project, "models"))[-1]
-    return load_weights(os.path.join(path, "model"))
+    return read_weights(path)
 
 
 def test_loss_goes_down(tmp_path):
@@ -45,8 +45,8 @@ def test_named_losses_are_summed_and_module_dict_dispatches(tmp_path):
     assert set(trainer.last_metrics) >= {"lm", "aux", "total_loss", "lr", "grad_norm", "step_time", "samples_per_sec"}
     assert trainer.last_metrics["total_loss"] == pytest.approx(trainer.last_metrics["lm"] + trainer.last_metrics["aux"],
                                                          rel=1e-5)
-    files = sorted(os.listdir(tmp_path / "models" / "checkpoint_epoch_1_step_4" / "model"))
-    assert files == ["aux.safetensors", "lm.safetensors"]
+    folder = tmp_path / "models" / "checkpoint_epoch_1_step_4"  # GigaTrain's layout: a folder per member
+    assert [sorted(os.listdir(folder / m)) for m in ("aux", "lm")] == [["diffusion_pytorch_model.safetensors"]] * 2
 
 
 def test_activation_checkpointing_keeps_gradients_and_counts_first_n():
@@ -115,9 +115,9 @@ def test_ema_is_the_average_of_the_weights(tmp_path):
     cfg = tiny_config(tmp_path, max_steps=2, with_ema=True, ema_decay=0.5, checkpoint_interval=1)
     launch_from_config(cfg)
     models = tmp_path / "models"
-    w1 = load_weights(str(models / "checkpoint_epoch_1_step_1" / "model"))
-    w2 = load_weights(str(models / "checkpoint_epoch_1_step_2" / "model"))
-    ema = load_weights(str(models / "checkpoint_epoch_1_step_2" / "model_ema"))
+    w1 = read_weights(str(models / "checkpoint_epoch_1_step_1"))
+    w2 = read_weights(str(models / "checkpoint_epoch_1_step_2"))
+    ema = read_weights(str(models / "checkpoint_epoch_1_step_2"), ema=True)
     for key in ("blocks.0.qkv.weight", "embed.weight", "pos"):
         # GigaTrain's decay warm-up: update 1 copies w1 (decay 0), update 2 has decay min(2/11, 0.5)
         expected = 2 / 11 * w1[key] + 9 / 11 * w2[key]

@@ -180,11 +180,13 @@ def test_tiny_config_trains_checkpoints_and_resumes_exactly(tmp_path):
     full = train(tmp_path / "full", data, 12)
     assert len(full) == 24 and all(torch.isfinite(torch.tensor(full)))  # 2 micro-batches per step
     assert sum(full[-6:]) / 6 < sum(full[:6]) / 6  # the loss goes down
-    weights = tmp_path / "full/models/checkpoint_epoch_6_step_12/model/model.safetensors"  # 4 batches an epoch
-    assert weights.is_file()
+    folder = tmp_path / "full/models/checkpoint_epoch_6_step_12/model"  # 4 batches an epoch
+    weights = load_file(str(folder / "diffusion_pytorch_model.safetensors"))
     from giga_train import load_config
     model = WanTransformer3DModel(**dict(load_config(TINY).models.transformer))
-    model.load_state_dict(load_file(str(weights)))  # strict: the checkpoint is the whole transformer
+    model.load_state_dict(weights)  # strict: the checkpoint is the whole transformer
+    loaded = WanTransformer3DModel.from_pretrained(str(folder))  # GigaTrain's layout: a diffusers folder
+    assert all(torch.equal(v, weights[k]) for k, v in loaded.state_dict().items())
 
     first = train(tmp_path / "split", data, 8)
     second = train(tmp_path / "split", data, 12)

@@ -1,9 +1,10 @@
 """The Checkpointer: save (in the loop or in the background), rotate, resume and load, for every strategy.
 
-A checkpoint folder `models/checkpoint_epoch_E_step_S/` holds `model/` (the whole weights, written by the
-main rank), `model_ema/` with EMA, the engine's optimizer state (`optimizer_dcp/` + `precision.pt`, or
-`deepspeed/`), `random_states_R.pt` per rank, `training_state.pt` (the trainer's state_dict: scheduler,
-data position, step) and, written last, `meta.json`. The strategy takes and writes its own state; all the
+A checkpoint folder `models/checkpoint_epoch_E_step_S/` holds the weights in GigaTrain's model layout
+(layout.py: a folder per model, `<name>_ema/` and `ema_config.json` with EMA; written by the main rank), the
+engine's optimizer state (`optimizer_dcp/` + `precision.pt`, or `deepspeed/`), `random_states_R.pt` per
+rank, `training_state.pt` (the trainer's state_dict: scheduler, data position, step) and, written last,
+`meta.json`. The strategy takes and writes its own state; all the
 rest (folders, files, order, errors) is here, so the trainer calls save/resume in one line each."""
 import json
 import logging
@@ -14,25 +15,32 @@ import time
 import torch
 
 from ..errors import TrainingStopped
-from ..module_dict import ModuleDict
 from .async_writer import AsyncWriter
-from .manager import CheckpointManager, disk_error, free_bytes, list_checkpoints, read_meta
+from .layout import EMA_SUFFIX, layout_meta, read_weights, write_live, write_model_folders
+from .manager import CheckpointManager, disk_error, free_bytes, read_meta
 from .portable import deepspeed_meta, read_dcp, read_deepspeed
 from .snapshot import host_copy
-from .state import load_weights, rng_state, save_weights, set_rng_state
+from .state import rng_state, set_rng_state
 
 log = logging.getLogger("giga_train")
-MODEL, MODEL_EMA, TRAINING_STATE, EMA_CONFIG = "model", "model_ema", "training_state.pt", "ema_config.json"
+TRAINING_STATE, EMA_CONFIG = "training_state.pt", "ema_config.json"
 ENGINE_STATE = ("optimizer_dcp", "precision.pt", "deepspeed")  # what train.checkpoint_save_optimizer=False drops
+# With checkpoint_save_optimizer=False the newest rolling checkpoints keeping their optimizer state: two, as
+# GigaTrain (its clean-up runs before each save and spares the newest), so a fallback resume has it too.
+OPTIMIZER_KEPT = 2
 
 
 class Checkpointer:
-    def __init__(self, strategy, model_dir, train, ema=None):
-        """`train`: the train config (checkpoint_* keys); `ema`: the EMA whose weights go into model_ema/."""
+    def __init__(self, strategy, model_dir, train, ema=None, model_name="model"):
+        """`train`: the train config (checkpoint_* keys); `ema`: the EMA whose weights go into `<name>_ema/`;
+        `model_name`: the folder of a model that is not a ModuleDict (GigaTrain's trainer attribute)."""
         self.strategy, self.env, self.model_dir, self.ema = strategy, strategy.env, model_dir, ema
+        self.model_name = model_name
         self.safe, self.strict = train.checkpoint_safe_serialization, train.checkpoint_strict
         self.keep_old_optimizer_state = train.get("checkpoint_save_optimizer", True)
-        self.folders = CheckpointManager(model_dir, train.checkpoint_total_limit, train.checkpoint_keeps)
+        # GigaTrain's checkpoint_keeps are epochs when training by epochs
+        self.folders = CheckpointManager(model_dir, train.checkpoint_total_limit, train.checkpoint_keeps,
+                                         keeps_by_epoch=train.get("max_epochs") is not None)
         self.async_writer = None
         if train.checkpoint_async and strategy.state_snapshot_detached:
             self.async_writer = AsyncWriter(self)
@@ -61,6 +69,7 @@ class Checkpointer:
         what this one had written. In the background with train.checkpoint_async: the loop only takes the
         state into host memory."""
         self.wait()  # at most one save in flight: its error surfaces here
+        meta = dict(meta, layout=layout_meta(self.strategy.unwrap(), self.model_name, self.ema is not None))
         tmp = self.folders.tmp_path(epoch, step)
         try:
             start = time.perf_counter()
@@ -84,18 +93,24 @@ class Checkpointer:
             raise self.stopped_by_full_disk(step, tmp, disk) from None
 
     def commit(self, tmp, meta):
-        """Put the written folder `tmp` in place (main rank), apply the rolling limit and, with
-        train.checkpoint_save_optimizer=False, drop the engine state of every older checkpoint."""
+        """Put the written folder `tmp` in place (main rank; the manager applies the rolling limit), then
+        drop old optimizer state (drop_old_optimizer_state)."""
         final = self.folders.commit(tmp, meta)
-        if not self.keep_old_optimizer_state:
-            for _, path in list_checkpoints(self.model_dir)[:-1]:
-                for name in ENGINE_STATE:
-                    target = os.path.join(path, name)
-                    if os.path.isdir(target):
-                        shutil.rmtree(target)
-                    elif os.path.exists(target):
-                        os.remove(target)
+        self.drop_old_optimizer_state()
         return final
+
+    def clean_up(self, total_limit=None):
+        """GigaTrain's remove_checkpoint: the rolling limit (`total_limit`, else train.checkpoint_total_limit),
+        then drop_old_optimizer_state."""
+        self.folders.rotate(total_limit)
+        self.drop_old_optimizer_state()
+
+    def drop_old_optimizer_state(self):
+        """With train.checkpoint_save_optimizer=False: the engine state dropped from the rolling checkpoints
+        of this run's history but the OPTIMIZER_KEPT newest (checkpoint_keeps keep theirs, as in GigaTrain)."""
+        if not self.keep_old_optimizer_state:
+            for path in self.folders.rolling()[OPTIMIZER_KEPT:]:
+                self.folders.strip(path, ENGINE_STATE)
 
     def wait(self, raise_errors=True):
         """Return once no checkpoint is being written in the background."""
@@ -108,10 +123,10 @@ class Checkpointer:
         write(taken) only writes files into `tmp` (in a thread with checkpoint_async; `process_group`
         for write_state's collectives). One list for both modes: their files are the same."""
         strategy, join = self.strategy, os.path.join
-        parts = [(lambda: self.model_snapshot(copy=copy), lambda state: self.write_model(join(tmp, MODEL), state))]
+        parts = [(lambda: self.model_snapshot(copy=copy), lambda state: self.write_model(tmp, state))]
         if self.ema is not None:
             parts.append((lambda: self.model_snapshot(self.ema.state_dict(strategy.unwrap()), copy=copy),
-                          lambda state: self.write_model(join(tmp, MODEL_EMA), state)))
+                          lambda state: self.write_model(tmp, state, ema=True)))
             if self.env.is_main:  # GigaTrain's ema_config.json: the decay and the updates made so far
                 parts.append((lambda: dict(self.ema.config), lambda config: _write_json(join(tmp, EMA_CONFIG), config)))
         parts.append((lambda: strategy.state_snapshot(copy=copy),
@@ -134,10 +149,16 @@ class Checkpointer:
             return None
         return host_copy(state) if copy and strategy.device.type == "cpu" else state
 
-    def write_model(self, folder, state):
-        """Write what model_snapshot took (files only: safe in a background thread)."""
-        if self.env.is_main:
-            save_weights(folder, state, members=self._members(), safe=self.safe)
+    def write_model(self, tmp, state, ema=False):
+        """Write what model_snapshot took into checkpoint folder `tmp` in GigaTrain's layout: the live
+        weights, or with `ema` the `<name>_ema/` folders (files only: safe in a background thread)."""
+        if not self.env.is_main:
+            return
+        module = self.strategy.unwrap()
+        if ema:
+            write_model_folders(tmp, module, state, self.model_name, self.safe, suffix=EMA_SUFFIX)
+        else:
+            write_live(tmp, module, state, self.model_name, self.ema is not None, self.safe)
 
     def stopped_by_full_disk(self, step, tmp, disk):
         """The one line that stops the run when the disk cannot hold checkpoint `step`; removes what it had
@@ -159,8 +180,8 @@ class Checkpointer:
         """Restore every rank from checkpoint `path`, written by any strategy at any world size:
         weights, engine state, `load_training_state(state)` with the trainer's state, EMA, RNG."""
         self.wait()
-        strategy, members = self.strategy, self._members()
-        strategy.load_model_state(load_weights(os.path.join(path, MODEL), members=members), self.strict)
+        strategy, meta = self.strategy, read_meta(path)
+        strategy.load_model_state(read_weights(path, meta), self.strict)
         if not any(os.path.exists(os.path.join(path, name)) for name in ENGINE_STATE):
             log.warning("resume: %s holds no optimizer state (train.checkpoint_save_optimizer=False dropped it);"
                         " the optimizer starts afresh", path)
@@ -170,13 +191,10 @@ class Checkpointer:
         if self.ema is not None:
             config = os.path.join(path, EMA_CONFIG)
             step = json.load(open(config))["optimization_step"] if os.path.isfile(config) else None
-            self.ema.load_state_dict(load_weights(os.path.join(path, MODEL_EMA), members=members), step)
+            self.ema.load_state_dict(read_weights(path, meta, ema=True), step)
         rng_file = os.path.join(path, f"random_states_{self.env.rank}.pt")
         if os.path.isfile(rng_file):
             set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))
-
-    def _members(self):
-        return isinstance(self.strategy.unwrap(), ModuleDict)
 
 
 def _write_json(path, value):

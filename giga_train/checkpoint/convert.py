@@ -12,8 +12,9 @@ import os
 import torch
 
 from ..errors import ConfigError
-from .manager import is_complete
-from .state import load_weights, save_weights
+from .layout import read_weights
+from .manager import is_complete, read_meta
+from .state import save_weights
 
 
 def convert(checkpoint, to, out=None):
@@ -40,8 +41,7 @@ def convert(checkpoint, to, out=None):
 def read_state(checkpoint):
     """(whole fp32 weights, full optimizer state dict keyed by parameter name) of a checkpoint."""
     from .portable import deepspeed_meta, deepspeed_parameters, read_dcp, read_deepspeed
-    files = os.listdir(os.path.join(checkpoint, "model"))
-    weights = load_weights(os.path.join(checkpoint, "model"), members=not any(f.startswith("model.") for f in files))
+    weights = read_weights(checkpoint, read_meta(checkpoint))
     if deepspeed_meta(checkpoint) is None:
         return weights, read_dcp(checkpoint)
     fp32, optimizer = read_deepspeed(checkpoint, *deepspeed_parameters(checkpoint))

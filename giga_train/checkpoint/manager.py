@@ -75,14 +75,21 @@ def save_id(path, meta):
     return recorded if isinstance(recorded, str) else "name:" + os.path.basename(os.path.normpath(path))
 
 
-def weights_finite(folder):
-    """Whether the weights in `folder` (save_weights' safetensors) were all finite when saved: True,
-    False, or None when unknown (pickled .bin files, or files written before this was recorded)."""
+def weights_finite(paths):
+    """Whether the weights in `paths` (files, or folders of them, as state.write_tensors wrote them) were
+    all finite when saved: True, False, or None when unknown (pickled .bin files, or files written before
+    this was recorded)."""
     from safetensors import safe_open
+    files = []
+    for path in paths:
+        if os.path.isdir(path):
+            files += [os.path.join(path, name) for name in sorted(os.listdir(path))]
+        else:
+            files.append(path)
     found = None
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        if name.endswith(".safetensors"):
-            with safe_open(os.path.join(folder, name), "pt") as f:
+    for path in files:
+        if path.endswith(".safetensors") and os.path.isfile(path):
+            with safe_open(path, "pt") as f:
                 value = (f.metadata() or {}).get(FINITE_KEY)
             if value is None:
                 return None
@@ -99,8 +106,11 @@ class CheckpointManager:
     abandoned), and never the newest of its history whose weights are finite. `latest()` is the newest
     complete checkpoint by write order."""
 
-    def __init__(self, models_dir, total_limit=None, keeps=()):
+    def __init__(self, models_dir, total_limit=None, keeps=(), keeps_by_epoch=False):
+        """`keeps`: steps (epochs with `keeps_by_epoch`, GigaTrain's rule when training by epochs) whose
+        checkpoints are never deleted, nor stripped of their optimizer state."""
         self.models_dir, self.total_limit, self.keeps = models_dir, total_limit, set(keeps)
+        self.keeps_by_epoch = keeps_by_epoch
         self.parent = None  # the save_id this run's next checkpoint descends from
 
     def latest(self):
@@ -130,8 +140,10 @@ class CheckpointManager:
         """Record the files' checksums, the weights' finiteness, the write time and the lineage in
         meta.json (written last), make it durable, rename into place, then apply the rolling limit."""
         from .checksums import folder_checksums
+        from .layout import live_weights
+        finite = weights_finite([os.path.join(tmp, path) for path in live_weights(meta)])
         meta = dict(meta, saved_at=time.time(), save_id=uuid.uuid4().hex, parent=self.parent,
-                    finite=weights_finite(os.path.join(tmp, "model")), files=folder_checksums(tmp))
+                    finite=finite, files=folder_checksums(tmp))
         with open(os.path.join(tmp, META), "w") as f:
             json.dump(meta, f, indent=2, default=repr)  # a Dataset object in the config: its repr
         _fsync_tree(tmp)
@@ -161,17 +173,50 @@ class CheckpointManager:
             current = meta.get("parent")
         return history
 
-    def rotate(self):
-        """Keep the newest `total_limit` rolling checkpoints of this run's history; `keeps` steps are
-        extra, never deleted; nor is the newest one whose weights are finite (or not known to be not)."""
-        if self.total_limit is None:
+    def rotate(self, total_limit=None):
+        """Keep the newest `total_limit` (default: the manager's) rolling checkpoints of this run's
+        history; `keeps` are extra, never deleted; nor is the newest one whose weights are finite (or not
+        known to be not)."""
+        total_limit = total_limit or self.total_limit
+        if total_limit is None or total_limit <= 0:
             return
         history = list(self._history().values())  # newest first
         finite = next((path for _, path, ok in history if ok is not False), None)
-        rolling = [path for step, path, _ in history if step not in self.keeps]
-        for path in rolling[self.total_limit:]:
-            if path != finite and (not history or path != history[0][1]):
+        for path in self.rolling()[total_limit:]:
+            if path != finite and path != history[0][1]:
                 self._delete(path)
+
+    def rolling(self):
+        """This run's history but the checkpoints `keeps` names, newest first."""
+        return [path for step, path, _ in self._history().values() if not self._kept(path, step)]
+
+    def _kept(self, path, step):
+        if self.keeps_by_epoch:
+            return int(NAME.match(os.path.basename(path)).group(1)) in self.keeps
+        return step in self.keeps
+
+    def strip(self, path, names):
+        """Remove files or folders `names` from checkpoint `path` (train.checkpoint_save_optimizer=False).
+        meta.json stops listing them first (replaced atomically), so the checkpoint still verifies."""
+        present = [name for name in names if os.path.exists(os.path.join(path, name))]
+        if not present:
+            return
+        meta = read_meta(path)
+        if isinstance(meta.get("files"), dict):
+            meta["files"] = {rel: v for rel, v in meta["files"].items()
+                             if rel.split("/", 1)[0] not in present}
+        tmp = os.path.join(path, META + TMP_PREFIX)
+        with open(tmp, "w") as f:
+            json.dump(meta, f, indent=2, default=repr)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(path, META))
+        for name in present:
+            target = os.path.join(path, name)
+            if os.path.isdir(target):
+                shutil.rmtree(target)
+            else:
+                os.remove(target)
 
     def resume_path(self, resume, env=None):
         """The checkpoint to resume from, verified against the checksums recorded at its save, or None.

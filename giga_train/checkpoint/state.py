@@ -11,7 +11,8 @@ FINITE_KEY = "giga_train_finite"
 
 
 def save_weights(folder, state_dict, members=None, safe=True):
-    """`model.safetensors` (or one `{member}.safetensors` per ModuleDict member) in `folder`."""
+    """`model.safetensors` (or one `{member}.safetensors` per ModuleDict member) in `folder`: the layout
+    before GigaTrain's (kept for `giga-train convert --to full`; checkpoints use layout.py)."""
     os.makedirs(folder, exist_ok=True)
     groups = {"model": state_dict}
     if members:
@@ -20,14 +21,19 @@ def save_weights(folder, state_dict, members=None, safe=True):
             member, _, rest = key.partition(".")
             groups[member][rest] = value
     for name, group in groups.items():
-        group = _unshared({k: v.detach().cpu().contiguous() for k, v in group.items()})
-        if safe:
-            from safetensors.torch import save_file
-            finite = all(bool(torch.isfinite(v).all()) for v in group.values() if v.is_floating_point())
-            metadata = {"format": "pt", FINITE_KEY: "true" if finite else "false"}  # for rotation (manager)
-            save_file(group, os.path.join(folder, name + WEIGHTS_SAFE), metadata=metadata)
-        else:
-            torch.save(group, os.path.join(folder, name + WEIGHTS_PICKLE))
+        write_tensors(os.path.join(folder, name + (WEIGHTS_SAFE if safe else WEIGHTS_PICKLE)), group, safe)
+
+
+def write_tensors(path, tensors, safe=True):
+    """One weights file: safetensors recording whether every float was finite (rotation reads it,
+    manager.weights_finite), or torch.save with `safe=False` (checkpoint_safe_serialization=False)."""
+    group = _unshared({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
+    if safe:
+        from safetensors.torch import save_file
+        finite = all(bool(torch.isfinite(v).all()) for v in group.values() if v.is_floating_point())
+        save_file(group, path, metadata={"format": "pt", FINITE_KEY: "true" if finite else "false"})
+    else:
+        torch.save(group, path)
 
 
 def load_weights(folder, members=None):

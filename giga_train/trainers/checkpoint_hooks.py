@@ -4,9 +4,10 @@ import json
 import logging
 import os
 
-from ..checkpoint import load_weights
+from ..checkpoint.layout import class_name as module_class_name, folder_class_name
 from ..errors import ConfigError
 from ..schema import checkpoint_steps
+from ..utils import load_state_dict
 
 log = logging.getLogger("giga_train")
 
@@ -43,35 +44,40 @@ class CheckpointHooks:
         log.info("resumed from %s at step %d (epoch %d)", path, self.step, self.cur_epoch)
 
     def load_checkpoint(self, checkpoint, models, strict=True):
-        """Load model folders (config.json naming the class in `_class_name`, and the weights) into the
-        model among `models` of that class, as GigaTrain does between the stages of a project."""
+        """Load model folders (`<checkpoint>/<name>/`, a diffusers or transformers folder) into the model
+        among `models` whose class the folder's config.json names (`_class_name`, or transformers'
+        `architectures`), as GigaTrain does between the stages of a project. A folder without config.json
+        (a plain module's) goes into the one model given."""
         if checkpoint is None:
             return
         folders = self.get_checkpoint(checkpoint)
+        models = list(models) if isinstance(models, (list, tuple)) else [models]
         for folder in folders if isinstance(folders, list) else [folders]:
-            config_path = os.path.join(folder, "config.json")
             try:
-                with open(config_path) as f:
-                    class_name = json.load(f)["_class_name"]
-            except (OSError, ValueError, KeyError) as e:
-                raise ConfigError(f"{config_path}: cannot read the model's _class_name ({e})") from None
-            model = next((m for m in (models if isinstance(models, (list, tuple)) else [models])
-                          if type(m).__name__ == class_name), None)
+                class_name = folder_class_name(folder)
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"{os.path.join(folder, 'config.json')}: cannot read the model's class ({e})") from None
+            if class_name is None and len(models) != 1:
+                raise ConfigError(f"{folder}: no config.json naming the model's class, and {len(models)} models"
+                                  " given (give a model folder, e.g. <checkpoint>/<model_name>, or one model)")
+            model = models[0] if class_name is None else next(
+                (m for m in models if module_class_name(m) == class_name), None)
             if model is None:
-                raise ConfigError(f"{folder}: holds a {class_name}, and no model given is one")
-            result = model.load_state_dict(load_weights(folder), strict=strict)
-            self.print("loaded %s from %s%s", class_name, folder, "" if strict else f" ({result})")
+                raise ConfigError(f"{folder}: holds a {class_name}, and no model given is one (No model loaded)")
+            try:
+                state = load_state_dict(folder)
+            except (OSError, ValueError) as e:  # names the folder or file
+                raise ConfigError(f"load_checkpoint: {e}") from None
+            result = model.load_state_dict(state, strict=strict)
+            self.print("loaded %s from %s%s", class_name or module_class_name(model), folder,
+                       "" if strict else f" ({result})")
 
     def remove_checkpoint(self, total_limit=None):
-        """Apply the rolling limit (train.checkpoint_total_limit, or `total_limit`) to model_dir."""
-        if not self.is_main_process:
-            return
-        folders = self.checkpoints.folders
-        limit, folders.total_limit = folders.total_limit, total_limit or folders.total_limit
-        try:
-            folders.rotate()
-        finally:
-            folders.total_limit = limit
+        """GigaTrain's clean-up of model_dir, on the main process: the rolling limit (train.checkpoint_total_limit,
+        or `total_limit`) over this run's own checkpoints, and with checkpoint_save_optimizer=False their
+        optimizer state dropped from all but the two newest (Checkpointer.clean_up). Saves call it too."""
+        if self.is_main_process:
+            self.checkpoints.clean_up(total_limit)
 
     def save_config(self, config):
         """The run's config as project_dir/config.json (main process), which load_config(project_dir) reads."""

@@ -106,7 +106,8 @@ class Trainer(CheckpointHooks, Runner):
             float8=lambda model: self.apply_fp8([model]))
         self.set_ema_models()
         self._schedulers = as_list(self.get_schedulers(schedulers))
-        self.checkpoints = Checkpointer(self.strategy, self.model_dir, train, self.ema)
+        self.checkpoints = Checkpointer(self.strategy, self.model_dir, train, self.ema,
+                                        model_name=getattr(self, "model_name", "model"))  # GigaTrain's attribute
         max_nan = train.max_nan_steps if train.max_nan_steps is not None else float("inf")  # None: never stop
         self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest)
         self._scheduler_rewind = SchedulerRewind(self.schedulers, self.optimizers)
