@@ -72,6 +72,8 @@ kill_tree() { local child; for child in $(pgrep -P "$1"); do kill_tree "$child";
 kill_tree $pid; wait $pid 2>/dev/null || true  # the run's python and, at 2 ranks, its workers
 echo "== resumed"; train "$work/killed" > "$work/resumed.log" 2>&1
 grep -h "resumed from\|done at" "$work"/*.log | sed 's/.*\[giga-train\] //'
+grep -q "resumed from .*_$kill_at at step" "$work/resumed.log" \
+  || { echo "the resumed run did not start from the killed run's $kill_at checkpoint" >&2; exit 1; }
 for tag in total_loss grad_norm; do
   "$PY" "$here/scripts/gigatrain_projects/compare_losses.py" "train/$tag" "$work/full" "$work/killed" 2>/dev/null
 done
