@@ -37,3 +37,7 @@ def test_resumed_run_appends_to_the_same_logs(tmp_path):
     events.Reload()
     assert [e.step for e in events.Scalars("train/total_loss")] == [4, 8, 12]
     assert len([f for f in os.listdir(tmp_path / "logs") if f.startswith("events")]) == 2
+    text = (tmp_path / "logs" / "train.log").read_text()
+    assert text.count("starting from step 0") == 1, text  # said once, by the checkpoint manager
+    # the epoch as the checkpoint folder names it (step 8 is in the first epoch of ~300 steps)
+    assert f"resumed from {tmp_path / 'models' / 'checkpoint_epoch_1_step_8'} at step 8 (epoch 1)" in text

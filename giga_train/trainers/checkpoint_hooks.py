@@ -48,10 +48,10 @@ class CheckpointHooks:
         # the newest intact checkpoint, or the one named; checksums verified (one line for a damaged file)
         path = self.checkpoints.resume_path(True if named is None else named)
         if path is None:
-            log.info("resume: no checkpoint in %s yet; starting from step 0", self.model_dir)
-            return
+            return  # the checkpoint manager said so, in one line
         self.checkpoints.load(path, self.load_state_dict)
-        log.info("resumed from %s at step %d (epoch %d)", path, self.step, self.epoch)
+        # the epoch as the folder names it (GigaTrain's cur_epoch), not the 0-based epoch the stream is in
+        log.info("resumed from %s at step %d (epoch %d)", path, self.step, self.cur_epoch)
 
     def resume_gigatrain(self, folder):
         """Continue a run of the real GigaTrain 1.1 from its checkpoint `folder` (gigatrain_import.py):
