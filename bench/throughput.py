@@ -45,21 +45,23 @@ GPU_ANCHORS = ("Anchors measured 2026-12-02 on one H200: 1b hand-written 61.1k t
                " (50.7%); Accelerate 60.8k, Fabric 60.9k eager; 8b8 compiled bf16 43.6k, torchao fp8 56.1k;"
                " 8b AdamW peak 128.6 GB")
 LR, WEIGHT_DECAY, SEED = 1e-4, 0.01, 0
+VAL_BATCHES = 4  # micro-batches each validation runs (forward only): its cost is stated per validation
 
 
 def row_spec(size, path, device="cuda", compile=False, precision="bf16", optimizer="adamw", steps=30, warmup=5,
              profile_steps=0, expect_oom=False, budget_s=None, simulate=None, log_interval=None, accumulate=1,
-             batch=None, strategy="NO", metrics=False, log_with="none"):
+             batch=None, strategy="NO", metrics=False, log_with="none", eval_interval=None):
     """One configuration of the bench (JSON-able: it is handed to a child process). A step is one
     optimizer step over `accumulate` micro-batches of `batch` sequences (None: the size's). `log_interval`:
     the giga path's (default: one log line, after the timed steps). `strategy`: the giga path's engine,
     "NO" or "ZERO2" (DeepSpeed ZeRO-2 at one rank: GigaTrain projects' usual engine). `metrics`: the giga
     path logs tokens/s, TFLOP/s and MFU from one counted step (train.count_flops) and peak memory;
-    `log_with`: its trackers (train.log_with, e.g. "jsonl,tensorboard")."""
+    `log_with`: its trackers (train.log_with, e.g. "jsonl,tensorboard"), and a user metric (log_metric) each
+    micro-batch; `eval_interval`: the giga path validates every that many steps on VAL_BATCHES held-out batches."""
     return dict(size=size, path=path, device=device, compile=compile, precision=precision, optimizer=optimizer,
                 steps=steps, warmup=warmup, profile_steps=profile_steps, expect_oom=expect_oom,
                 budget_s=budget_s, simulate=simulate, log_interval=log_interval, accumulate=accumulate, batch=batch,
-                strategy=strategy, metrics=metrics, log_with=log_with)
+                strategy=strategy, metrics=metrics, log_with=log_with, eval_interval=eval_interval)
 
 
 def h200_suite():
@@ -123,7 +125,10 @@ class ThroughputTrainer(Trainer):
 
     def forward_step(self, batch_dict):
         loss = self.model(batch_dict["tokens"])
-        self.bench_losses.append(loss.detach())
+        if self.model.training:
+            self.bench_losses.append(loss.detach())
+            if self.kwargs.get("bench_metrics"):  # a scalar that is not trained, summed on the device
+                self.log_metric("perplexity", loss.detach().float().exp())
         return loss
 
     def train_step(self):
@@ -144,6 +149,15 @@ def giga_config(spec, shape, device, project_dir):
     if spec.get("metrics"):  # MFU against the bench's own peak, so the two MFU figures compare
         train.update(count_flops=True, tokens_per_sample=shape.seq,
                      peak_flops=H200_BF16_FLOPS if device.type == "cuda" else None)
+        train["bench_metrics"] = True  # reaches self.kwargs
+    loaders = dict(train=dict(data_or_config=dataset_for(shape, probe_steps, spec["accumulate"]),
+                              batch_size_per_gpu=shape.batch,
+                              num_workers=0, sampler=dict(type="DefaultSampler", shuffle=False)))
+    if spec.get("eval_interval"):
+        train["eval_interval"] = spec["eval_interval"]
+        loaders["val"] = dict(data_or_config=SyntheticTokens(size=shape.batch * VAL_BATCHES, seq=shape.seq,
+                                                             vocab=shape.vocab, seed=SEED + 1),
+                              batch_size_per_gpu=shape.batch, num_workers=0)
     if shape.checkpointing:
         train.update(activation_checkpointing=True, activation_class_names=["Block"])
     if spec["compile"]:
@@ -153,9 +167,7 @@ def giga_config(spec, shape, device, project_dir):
         launch.update(distributed_type="DEEPSPEED", deepspeed_config=dict(deepspeed_config_file="zero2.json"))
     return dict(
         runners=["bench.throughput.ThroughputTrainer"], project_dir=project_dir, launch=launch,
-        dataloaders=dict(train=dict(data_or_config=dataset_for(shape, probe_steps, spec["accumulate"]),
-                                    batch_size_per_gpu=shape.batch,
-                                    num_workers=0, sampler=dict(type="DefaultSampler", shuffle=False))),
+        dataloaders=loaders,
         models=dict(shape=shape.to_dict(), bench=dict(warmup=spec["warmup"], steps=spec["steps"],
                                                       profile_steps=spec["profile_steps"])),
         optimizers=optimizer_config(spec["optimizer"], device), train=train)
@@ -329,7 +341,8 @@ def batch_label(spec):
 
 def row_name(spec):
     mode = "compiled" if spec["compile"] else "eager"
-    extras = " +metrics" if spec.get("metrics") else ""
+    extras = (" +metrics" if spec.get("metrics") else "") + \
+        (f" +val{spec['eval_interval']}" if spec.get("eval_interval") else "")
     return f"{spec['size']} {spec['precision']} {mode} {spec['optimizer']} batch {batch_label(spec)} {spec['path']}{extras}"
 
 
@@ -469,6 +482,8 @@ def main(argv=None):
                         help="giga path's trackers: tensorboard, jsonl, wandb (comma-separated)")
     parser.add_argument("--log-interval", type=int, default=None,
                         help="giga path's steps between log steps (default: one, after the timed steps)")
+    parser.add_argument("--eval-interval", type=int, default=None,
+                        help=f"giga path: validate every N steps on {VAL_BATCHES} held-out micro-batches")
     parser.add_argument("--steps", type=int, default=30, help="steps timed up to (warm-up included)")
     parser.add_argument("--warmup", type=int, default=5, help="first steps left out of the timing")
     parser.add_argument("--profile", type=int, nargs="?", const=3, default=0,
@@ -493,7 +508,8 @@ def main(argv=None):
         specs = [row_spec(args.size, path.strip(), device=args.device, compile=args.compile, precision=args.precision,
                           optimizer=optimizer.strip(), steps=args.steps, warmup=args.warmup, profile_steps=args.profile,
                           accumulate=args.accumulate, batch=args.batch, strategy=strategy.strip(),
-                          metrics=args.metrics, log_with=args.log_with, log_interval=args.log_interval)
+                          metrics=args.metrics, log_with=args.log_with, log_interval=args.log_interval,
+                          eval_interval=args.eval_interval)
                  for optimizer in args.optimizer.split(",") for path in args.paths.split(",")
                  for strategy in (args.strategies.split(",") if path.strip() == "giga" else ["NO"])]
         budget = args.budget
