@@ -210,12 +210,12 @@ def _assert_same_final(a, b):
 
 
 def _log_lines(project):
-    """train.log without timestamps and timings: warnings and the logged scalars."""
+    """train.log without timestamps, timings and memory: warnings and the logged scalars."""
     lines = []
     for line in (project / "logs" / "train.log").read_text().splitlines():
         text = line.split(" ", 3)[3]  # after the date, time and level
         if " | " in text or "non-finite" in text:
-            lines.append(" | ".join(p for p in text.split(" | ") if not p.startswith(("step_time", "samples_per"))))
+            lines.append(" | ".join(p for p in text.split(" | ") if not p.startswith(("step_time", "samples_per", "peak_"))))
     return lines
 
 

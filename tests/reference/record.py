@@ -419,7 +419,7 @@ def read_scalars(logging_dir, skip=()):
 
             for e in acc.Tensors(tag):
                 arr = np.asarray(tensor_util.make_ndarray(e.tensor_proto))
-                if arr.size == 1:
+                if arr.size == 1 and arr.dtype.kind in 'biuf':  # not text (ours writes the config as text)
                     out.setdefault(tag, []).append([e.step, float(arr.reshape(-1)[0])])
     for tag in out:
         out[tag].sort()
