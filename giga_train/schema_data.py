@@ -1,5 +1,7 @@
 """The config schema's checks of what names a class to build: datasets (ours, or giga_datasets' when it is
 installed, as GigaTrain resolves them), samplers, optimizers, schedulers; one line for a bad name or argument."""
+from torch.utils.data import IterableDataset
+
 from .errors import ConfigError, RegistryError
 from .registry import DATASETS, TYPE_KEYS, check_call_arguments
 
@@ -17,9 +19,30 @@ def check_data(where, data):
             if isinstance(one, (list, tuple)):
                 raise ConfigError(f"{where}[{i}]: expected a folder, a dict or a Dataset, not a nested list")
             check_data(f"{where}[{i}]", one)
-    elif not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
-        raise ConfigError(f"{where}: expected a dataset folder, dict(_class_name=...), a list of them or a"
-                          f" map-style Dataset, got {type(data).__name__}")
+    elif not isinstance(data, IterableDataset) and (not hasattr(data, "__getitem__") or not hasattr(data, "__len__")):
+        raise ConfigError(f"{where}: expected a dataset folder, dict(_class_name=...), a list of them, a"
+                          f" map-style Dataset or an IterableDataset, got {type(data).__name__}")
+
+
+def is_streaming(data):
+    """Whether data_or_config is (or names) an IterableDataset: streaming data (data/streaming.py)."""
+    if isinstance(data, dict):
+        try:
+            cls, _ = DATASETS.resolve(data)
+        except Exception:  # a giga_datasets name, or one check_data has already refused
+            return False
+        return isinstance(cls, type) and issubclass(cls, IterableDataset)
+    return isinstance(data, IterableDataset)
+
+
+def check_streaming(where, loader, train):
+    """What streaming data cannot have: a sampler (the dataset orders itself), epochs (it has no length)."""
+    for key in ("sampler", "batch_sampler"):
+        if loader.get(key) is not None:
+            raise ConfigError(f"{where}.{key}: an IterableDataset orders (and shards) its own samples; remove it")
+    if train.max_epochs is not None:
+        raise ConfigError(f"train.max_epochs: {where}.data_or_config is an IterableDataset (streaming, no length):"
+                          " set train.max_steps instead")
 
 
 def check_built(where, registry, cfg, supplied=(), giga_datasets=None):

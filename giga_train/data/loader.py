@@ -6,11 +6,12 @@ import random
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from ..errors import ConfigError
 from ..registry import DATASETS, SAMPLERS, TRANSFORMS, import_object
 from .samplers import DefaultSampler
+from .streaming import StreamingData
 
 log = logging.getLogger("giga_train")
 
@@ -67,11 +68,11 @@ def build_dataset(data_or_config):
 class DataStream:
     """Micro-batches on the device. Position = (epoch, batches consumed in that epoch)."""
 
-    def __init__(self, cfg, seed, rank, world_size, device, accumulation=1):
+    def __init__(self, cfg, seed, rank, world_size, device, accumulation=1, dataset=None):
         """`seed` seeds the workers' sample RNGs; the sampler has its own (`sampler.seed`, GigaTrain's
         6666 by default), and is given GigaTrain's `batch_size`: the global batch of one optimizer step
         (batch_size_per_gpu * world_size * accumulation), which DefaultSampler pads each epoch to."""
-        self.dataset = build_dataset(cfg.data_or_config)
+        self.dataset = dataset if dataset is not None else build_dataset(cfg.data_or_config)
         if len(self.dataset) == 0:
             raise ConfigError("dataloaders.train.data_or_config: the dataset is empty (0 samples)")
         global_batch = cfg.batch_size_per_gpu * world_size * accumulation
@@ -179,6 +180,15 @@ class DataStream:
         return batch
 
 
+def build_stream(cfg, seed, rank, world_size, device, accumulation=1):
+    """The training stream of a dataloader section: DataStream for a map-style dataset, StreamingData for an
+    IterableDataset (streaming.py)."""
+    dataset = build_dataset(cfg.data_or_config)
+    if isinstance(dataset, IterableDataset):
+        return StreamingData(dataset, cfg, seed, rank, world_size, device)
+    return DataStream(cfg, seed, rank, world_size, device, accumulation=accumulation, dataset=dataset)
+
+
 def to_device(batch, device):
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
@@ -236,4 +246,4 @@ class LoaderStream:
 
 def as_stream(loader, device):
     """The stream the training loop reads: our DataStream as it is, any other loader through LoaderStream."""
-    return loader if isinstance(loader, DataStream) else LoaderStream(loader, device)
+    return loader if isinstance(loader, (DataStream, StreamingData)) else LoaderStream(loader, device)

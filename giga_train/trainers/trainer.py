@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..checkpoint.checkpointer import Checkpointer
-from ..data import DataStream, as_stream
+from ..data import as_stream, build_stream
 from ..distributed.activation_checkpointing import apply_activation_checkpointing
 from ..distributed.parallelize import parallelize
 from ..distributed.preemption import PreemptionSignals
@@ -106,7 +106,9 @@ class Trainer(CheckpointHooks, Runner):
             float8=lambda model: self.apply_fp8([model]))
         self.set_ema_models()
         self._schedulers = as_list(self.get_schedulers(schedulers))
-        self.checkpoints = Checkpointer(self.strategy, self.model_dir, train, self.ema)
+        self.checkpoints = Checkpointer(self.strategy, self.model_dir, train, self.ema,
+                                        rank_state=self._stream if getattr(self._stream, "per_rank_state", False)
+                                        else None)
         max_nan = train.max_nan_steps if train.max_nan_steps is not None else float("inf")  # None: never stop
         self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest)
         self._scheduler_rewind = SchedulerRewind(self.schedulers, self.optimizers)
@@ -114,8 +116,8 @@ class Trainer(CheckpointHooks, Runner):
 
     def get_dataloaders(self, data_config):
         """The training data: micro-batches on the device, resumable to the exact sample."""
-        return DataStream(data_config, self.train_config.seed, self.process_index, self.num_processes, self.device,
-                          accumulation=self.gradient_accumulation_steps)
+        return build_stream(data_config, self.train_config.seed, self.process_index, self.num_processes,
+                            self.device, accumulation=self.gradient_accumulation_steps)
 
     def get_models(self, model_config):
         """Return an nn.Module, or a ModuleDict of several (called with `config.models`)."""
@@ -208,7 +210,10 @@ class Trainer(CheckpointHooks, Runner):
 
     @property
     def epoch_size(self):
-        """Optimizer steps per epoch."""
+        """Optimizer steps per epoch. A stream without a length (an IterableDataset) counts the whole run
+        as one epoch for what is counted in epochs (the schema requires max_steps for it)."""
+        if not hasattr(self.dataloader, "__len__"):
+            return self.train_config.max_steps
         return int(math.ceil(len(self.dataloader) / self.gradient_accumulation_steps))
 
     @property
@@ -351,7 +356,7 @@ class Trainer(CheckpointHooks, Runner):
         self.print("%s: %d parameters (%d trained)", type(self.unwrapped_model).__name__,
                    sum(p.numel() for p in self.unwrapped_model.parameters()),
                    sum(p.numel() for p in self.get_trainable_parameters(self.unwrapped_model)))
-        self.print("num_processes: %d, process_index: %d, data_size: %d, batch_size: %d, epoch_size: %d",
+        self.print("num_processes: %d, process_index: %d, data_size: %s, batch_size: %d, epoch_size: %d",
                    self.num_processes, self.process_index, self.data_size, self.batch_size, self.epoch_size)
         self.print("training %s from step %d to %d (%d samples/step) on %s; checkpoints in %s, logs in %s",
                    type(self.unwrapped_model).__name__, self.step, self.max_steps, self.batch_size, self.device,

@@ -1,0 +1,99 @@
+"""Streaming data (an IterableDataset): sharded by rank and worker, resumed exactly when the dataset is
+stateful, by reading the consumed batches again when it is not; in a training run at 1 and 2 ranks."""
+import pytest
+import torch
+
+from giga_train import launch_from_config
+from giga_train.config import Config
+from giga_train.data import StreamingData, build_stream
+from giga_train.schema import LOADER
+from tests.distributed import assert_same_weights, final_weights
+
+SIZE = 37  # not a multiple of anything: shards and last batches are uneven
+
+
+def stream(kind="StatefulCountingStream", batch=3, workers=0, world_size=1, rank=0):
+    cfg = Config({k: v.default for k, v in LOADER.items()})
+    cfg.update(data_or_config=dict(_class_name=f"tests.streams.{kind}", size=SIZE), batch_size_per_gpu=batch,
+               num_workers=workers)
+    return build_stream(cfg, seed=7, rank=rank, world_size=world_size, device=torch.device("cpu"))
+
+
+def take(s, n):
+    return [next(s)["index"].tolist() for _ in range(n)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kind", ["CountingStream", "StatefulCountingStream", "ShardedStatefulStream"])
+def test_ranks_and_workers_cover_each_epoch_once(kind, workers):
+    streams = [stream(kind, workers=workers, world_size=2, rank=r) for r in (0, 1)]
+    assert isinstance(streams[0], StreamingData)
+    seen = []
+    for s in streams:
+        while True:
+            batch = next(s)["index"].tolist()
+            if s.epoch == 1:  # the end of a shard shows when the next batch is drawn
+                break
+            seen += batch
+    assert sorted(seen) == list(range(SIZE))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kind", ["CountingStream", "StatefulCountingStream", "ShardedStatefulStream"])
+@pytest.mark.parametrize("stop", [5, 12, 13, 15])  # mid-epoch, shards ending, the epoch end, epoch 1
+def test_resume_is_exact(kind, workers, stop):
+    expected = take(stream(kind, workers=workers), 20)
+    first = stream(kind, workers=workers)
+    got = take(first, stop)
+    state = first.state_dict()
+    resumed = stream(kind, workers=workers)
+    resumed.load_state_dict(state)
+    got += take(resumed, 20 - stop)
+    assert got == expected
+    if kind != "CountingStream":  # a stateful dataset is positioned, not replayed
+        assert state["streaming"]["positions"]
+
+
+def test_stateful_resume_reads_nothing_twice():
+    first = stream(workers=0)
+    take(first, 4)
+    resumed = stream(workers=0)
+    resumed.load_state_dict(first.state_dict())
+    next(resumed)
+    assert resumed.dataset.position == 15  # 4 batches of 3 consumed, then one more: no replay
+
+
+def test_another_worker_count_restarts_the_epoch(caplog):
+    first = stream(workers=2)
+    take(first, 4)
+    resumed = stream(workers=0)
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.batch_in_epoch == 0 and "starts again from its beginning" in caplog.text
+
+
+def run(project, ranks, workers, max_steps, kind="StatefulCountingStream"):
+    cfg = dict(runners=["tests.streams.StreamTrainer"], project_dir=str(project),
+               launch=dict(distributed_type="DDP" if ranks > 1 else "NO", num_processes=ranks),
+               dataloaders=dict(train=dict(data_or_config=dict(_class_name=f"tests.streams.{kind}", size=SIZE),
+                                           batch_size_per_gpu=3, num_workers=workers)),
+               models={}, optimizers=dict(type="SGD", lr=0.1), schedulers=dict(type="ConstantScheduler"),
+               train=dict(max_steps=max_steps, checkpoint_interval=4, resume=True, log_with="none",
+                          progress_bar=False))
+    return launch_from_config(cfg)
+
+
+def seen(project, rank):
+    return (project / f"seen_{rank}.txt").read_text().split()
+
+
+@pytest.mark.parametrize("ranks,workers", [(1, 2), (2, 0), (2, 2)])
+def test_training_resumes_the_stream_exactly(tmp_path, ranks, workers):
+    """8 steps in one go == 4 steps, stop, 4 more (resumed from the checkpoint): the same samples on
+    every rank, past an epoch's end (a rank's shard: 19 or 18 samples, 7 or 6 batches), the same weights."""
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    run(whole, ranks, workers, 8)
+    run(parts, ranks, workers, 4)
+    run(parts, ranks, workers, 8)
+    for rank in range(ranks):
+        assert seen(parts, rank) == seen(whole, rank)
+    assert_same_weights(final_weights(parts), final_weights(whole), rtol=0, atol=0)
