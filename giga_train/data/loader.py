@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 from ..errors import ConfigError
 from ..registry import DATASETS, SAMPLERS, TRANSFORMS, import_object
+from .device import to_device
 from .samplers import DefaultSampler
 from .streaming import StreamingData
 
@@ -187,16 +188,6 @@ def build_stream(cfg, seed, rank, world_size, device, accumulation=1):
     if isinstance(dataset, IterableDataset):
         return StreamingData(dataset, cfg, seed, rank, world_size, device)
     return DataStream(cfg, seed, rank, world_size, device, accumulation=accumulation, dataset=dataset)
-
-
-def to_device(batch, device):
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
 
 
 class LoaderStream:

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 
 from ..errors import ConfigError
 from ..registry import TRANSFORMS, import_object
+from .device import to_device
 
 log = logging.getLogger("giga_train")
 
@@ -184,7 +185,6 @@ class StreamingData:
         self.next_worker = self._next_worker(worker)
         self.batch_in_epoch += 1
         self.samples_seen += self.global_batch
-        from .loader import to_device
         return to_device(batch, self.device) if self.device.type == "cuda" else batch
 
     def _next_worker(self, worker):
