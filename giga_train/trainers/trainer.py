@@ -20,6 +20,7 @@ import torch
 from ..checkpoint.checkpointer import Checkpointer
 from ..data import as_stream, build_stream
 from ..distributed.activation_checkpointing import apply_activation_checkpointing
+from ..distributed.meta_start import building_context, default_init_weights, rank0_loading
 from ..distributed.parallelize import parallelize
 from ..distributed.preemption import PreemptionSignals
 from ..ema import EMA
@@ -90,7 +91,8 @@ class Trainer(CheckpointHooks, Runner):
         train = self.train_config
         self._dataloaders = as_list(self.get_dataloaders(dataloaders))
         self._stream = as_stream(self.dataloader, self.device)  # what the loop reads; checkpoints its position
-        self._models = as_list(self.get_models(models))
+        with building_context(self.config.launch, self.process_index):  # meta off rank 0 under rank-0 loading
+            self._models = as_list(self.get_models(models))
         if len(self._models) != 1:
             raise ConfigError(f"get_models returned {len(self._models)} models: giga-train trains one module;"
                               " put several in a giga_train.ModuleDict (GigaTrain's checkpoints also hold one)")
@@ -103,7 +105,8 @@ class Trainer(CheckpointHooks, Runner):
         self._models[0], _ = parallelize(  # the engine's optimizer (one, or an OptimizerGroup) is the strategy's
             self._models[0], self.strategy, train, self.config.launch.fsdp_config, make_optimizers,
             checkpoint=lambda model: self.apply_activation_checkpointing([model]),
-            float8=lambda model: self.apply_fp8([model]))
+            float8=lambda model: self.apply_fp8([model]), init_weights=self.init_weights,
+            from_rank0=rank0_loading(self.config.launch))
         self.set_ema_models()
         self._schedulers = as_list(self.get_schedulers(schedulers))
         self.checkpoints = Checkpointer(self.strategy, self.model_dir, train, self.ema,
@@ -122,6 +125,12 @@ class Trainer(CheckpointHooks, Runner):
     def get_models(self, model_config):
         """Return an nn.Module, or a ModuleDict of several (called with `config.models`)."""
         raise NotImplementedError(f"{type(self).__name__} must define get_models(self, model_config)")
+
+    def init_weights(self, model):
+        """Fill a model that get_models built on the meta device, once sharded (FSDP2): each rank's shard is
+        allocated, uninitialised. Default: the model's init_weights(), else each module's reset_parameters().
+        Pretrained weights: giga_train.load_safetensors_shards(model, path) reads each rank's rows only."""
+        default_init_weights(model)
 
     def set_ema_models(self):
         """With train.with_ema: the moving average of the trainable weights (sharded as the model is)."""
