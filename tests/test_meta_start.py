@@ -69,3 +69,19 @@ def test_rank0_loading_with_fsdp1_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="fsdp_cpu_ram_efficient_loading: rank-0 loading is implemented with"
                                           " fsdp_version=2 only"):
         run(tmp_path, "Rank0Start", fsdp_version=1, fsdp_cpu_ram_efficient_loading=True)
+
+
+def test_safetensors_reader_casts_and_names_what_is_missing(tmp_path):
+    from giga_train import load_safetensors_shards
+    source = build_model()
+    half = {k: v.to(torch.bfloat16) for k, v in source.state_dict().items()}
+    save_file(half, str(tmp_path / "model.safetensors"))
+    model = build_model()
+    for p in model.parameters():
+        torch.nn.init.zeros_(p)
+    assert len(load_safetensors_shards(model, str(tmp_path))) == len(half)  # a folder of files
+    assert_same_weights(model.state_dict(), {k: v.float() for k, v in half.items()}, rtol=0, atol=0)
+    del half["head.bias"]
+    save_file(half, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ConfigError, match="holds no tensor 'head.bias'"):
+        load_safetensors_shards(model, str(tmp_path / "model.safetensors"))

@@ -95,29 +95,64 @@ def default_init_weights(model):
 
 def load_safetensors_shards(model, path):
     """Fill `model`'s parameters and persistent buffers (each rank: its own shard of each DTensor) from the
-    safetensors file `path`, or every *.safetensors file in folder `path`; each rank reads only its rows.
-    Call it from init_weights after a meta start. Returns the names filled; a tensor missing: one line."""
-    from safetensors import safe_open
+    safetensors file `path`, or every *.safetensors file in folder `path`; each rank reads only its rows,
+    with plain reads straight into its shard (no memory map: the file's pages would count as the rank's
+    memory). Call it from init_weights after a meta start. Returns the names filled; a tensor missing or of
+    another shape: one line."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     files = sorted(glob.glob(os.path.join(path, "*.safetensors"))) if os.path.isdir(path) else [path]
     if not files:
         raise ConfigError(f"{path}: no .safetensors file there")
-    state, filled = model.state_dict(), []
-    with contextlib.ExitStack() as stack:
-        opened = [stack.enter_context(safe_open(f, framework="pt")) for f in files]
-        where = {key: f for f in opened for key in f.keys()}
-        for name, target in state.items():
-            if name not in where:
-                raise ConfigError(f"{path}: holds no tensor '{name}' (of {type(model).__name__})")
-            rows = where[name].get_slice(name)
-            if isinstance(target, DTensor):
-                shape, offset = compute_local_shape_and_global_offset(target.shape, target.device_mesh,
-                                                                      target.placements)
-                local = target.to_local()
-                if local.numel():
-                    local.copy_(rows[tuple(slice(o, o + s) for o, s in zip(offset, shape))])
-            else:
-                target.copy_(rows[:])
-            filled.append(name)
+    where = {name: (f, entry) for f in files for name, entry in _safetensors_header(f).items()}
+    filled = []
+    for name, target in model.state_dict().items():
+        if name not in where:
+            raise ConfigError(f"{path}: holds no tensor '{name}' (of {type(model).__name__})")
+        file, entry = where[name]
+        if list(entry["shape"]) != list(target.shape):
+            raise ConfigError(f"{file}: '{name}' has shape {entry['shape']}, the model's is {list(target.shape)}")
+        rows, first = target.shape[0] if target.dim() else 1, 0
+        local = target
+        if isinstance(target, DTensor):
+            shape, offset = compute_local_shape_and_global_offset(target.shape, target.device_mesh, target.placements)
+            if any(o or s != full for o, s, full in zip(offset[1:], shape[1:], target.shape[1:])):
+                raise ConfigError(f"'{name}': sharded on another dimension than the first; cannot read its rows")
+            rows, first, local = shape[0] if shape else 1, offset[0] if offset else 0, target.to_local()
+        if local.numel():
+            _read_rows(file, entry, first, rows, local)
+        filled.append(name)
     return filled
+
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+def _safetensors_header(file):
+    """{name: {"dtype", "shape", "data_offsets" (absolute)}} of a safetensors file."""
+    import json
+    import struct
+    with open(file, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(size))
+    header.pop("__metadata__", None)
+    for entry in header.values():
+        entry["data_offsets"] = [8 + size + o for o in entry["data_offsets"]]
+    return header
+
+
+def _read_rows(file, entry, first, rows, into):
+    """Rows [first, first + rows) of a tensor stored row-major (one contiguous read) into `into`: straight
+    into it when it is a contiguous CPU tensor of the file's dtype, else through one buffer of its size."""
+    dtype, shape = _DTYPES[entry["dtype"]], entry["shape"]
+    per_row = torch.Size(shape[1:]).numel() * dtype.itemsize
+    direct = into.dtype == dtype and into.device.type == "cpu" and into.is_contiguous()
+    out = into if direct else torch.empty(into.shape, dtype=dtype)
+    with open(file, "rb") as f:
+        f.seek(entry["data_offsets"][0] + first * per_row)
+        if f.readinto(out.reshape(-1).view(torch.uint8).numpy()) != rows * per_row:
+            raise ConfigError(f"{file}: ends inside tensor data (truncated?)")
+    if not direct:
+        into.copy_(out)
