@@ -97,3 +97,24 @@ def test_training_resumes_the_stream_exactly(tmp_path, ranks, workers):
     for rank in range(ranks):
         assert seen(parts, rank) == seen(whole, rank)
     assert_same_weights(final_weights(parts), final_weights(whole), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("command", ["check", "train"])
+@pytest.mark.parametrize("extra, message", [
+    (dict(train=dict(max_steps=None, max_epochs=2)), "train.max_epochs: dataloaders.train.data_or_config is an"
+                                                     " IterableDataset"),
+    (dict(sampler=dict(type="DefaultSampler")), "dataloaders.train.sampler: an IterableDataset orders"),
+])
+def test_check_and_train_refuse_what_streaming_cannot_have(tmp_path, capsys, command, extra, message):
+    import json
+    from giga_train.cli import main
+    cfg = dict(runners=["tests.streams.StreamTrainer"], project_dir=str(tmp_path / "run"),
+               dataloaders=dict(train=dict(data_or_config=dict(_class_name="tests.streams.CountingStream"),
+                                           batch_size_per_gpu=3, sampler=extra.get("sampler"))),
+               models={}, optimizers=dict(type="SGD", lr=0.1), schedulers=dict(type="ConstantScheduler"),
+               train=dict(dict(max_steps=2, log_with="none"), **extra.get("train", {})))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert main([command, str(path)]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
