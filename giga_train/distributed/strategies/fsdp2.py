@@ -14,6 +14,7 @@ from .torch_optimizer import TorchOptimizerStrategy
 
 class FSDP2Strategy(TorchOptimizerStrategy):
     starts_from_meta = True
+
     def __init__(self, env, launch, train, **kwargs):
         super().__init__(env, launch, train, **kwargs)
         init_process_group(env)  # also at world size 1: FSDP needs a group
