@@ -135,12 +135,12 @@ def main():
                   device=args.device, torch=torch.__version__, rows=rows)
     print(f"\n{args.shape}: {params / 1e6:.1f}M parameters ({params * 4 / 2**30:.2f} GB fp32), {args.ranks} ranks,"
           f" {args.device}\n")
-    print("| start | rank | start s | RSS before get_models GB | RSS after sharding GB | peak RSS to there GB |"
-          " peak RSS after 1 step GB |")
+    print("| start | rank | start s | RSS before get_models GB | RSS after sharding GB | peak RSS to there GB"
+          " | peak RSS after 1 step GB |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['mode']} | {r['rank']} | {r['start_s']} | {r['rss_before_model_gb']} | {r['rss_after_sharding_gb']}"
-              f" | {r['hwm_start_gb']} | {r['hwm_after_step_gb']} |")
+        print(f"| {r['mode']} | {r['rank']} | {r['start_s']} | {r['rss_before_model_gb']} |"
+              f" {r['rss_after_sharding_gb']} | {r['hwm_start_gb']} | {r['hwm_after_step_gb']} |")
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 

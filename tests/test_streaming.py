@@ -86,14 +86,23 @@ def seen(project, rank):
     return (project / f"seen_{rank}.txt").read_text().split()
 
 
-@pytest.mark.parametrize("ranks,workers", [(1, 2), (2, 0), (2, 2)])
-def test_training_resumes_the_stream_exactly(tmp_path, ranks, workers):
+WHOLE = {}
+
+
+@pytest.mark.parametrize("ranks,workers,kind", [(2, 0, "StatefulCountingStream"), (2, 2, "StatefulCountingStream"),
+                                                (2, 2, "CountingStream")])
+def test_training_resumes_the_stream_exactly(tmp_path, tmp_path_factory, ranks, workers, kind):
     """8 steps in one go == 4 steps, stop, 4 more (resumed from the checkpoint): the same samples on
-    every rank, past an epoch's end (a rank's shard: 19 or 18 samples, 7 or 6 batches), the same weights."""
-    whole, parts = tmp_path / "whole", tmp_path / "parts"
-    run(whole, ranks, workers, 8)
-    run(parts, ranks, workers, 4)
-    run(parts, ranks, workers, 8)
+    every rank, past an epoch's end (a rank's shard: 19 or 18 samples, 7 or 6 batches), the same weights.
+    A dataset without state is replayed (and says so). (One process: the tests above.)"""
+    if (ranks, workers) not in WHOLE:  # both datasets stream the same samples: one uninterrupted run serves
+        WHOLE[ranks, workers] = tmp_path_factory.mktemp("whole")
+        run(WHOLE[ranks, workers], ranks, workers, 8)
+    whole, parts = WHOLE[ranks, workers], tmp_path / "parts"
+    run(parts, ranks, workers, 4, kind)
+    run(parts, ranks, workers, 8, kind)
+    replayed = "reading the 4 consumed batches of epoch 0 again" in (parts / "logs" / "train.log").read_text()
+    assert replayed == (kind == "CountingStream")
     for rank in range(ranks):
         assert seen(parts, rank) == seen(whole, rank)
     assert_same_weights(final_weights(parts), final_weights(whole), rtol=0, atol=0)
