@@ -5,6 +5,7 @@ from .config import Config, load_config
 from .data import DefaultSampler
 from .data.samplers import ParallelBatchSampler, build_sampler
 from .distributed.launch import launch_from_config
+from .distributed.meta_start import load_safetensors_shards
 from .ema import EMAModel
 from .errors import ConfigError
 from .module_dict import ModuleDict
@@ -22,4 +23,4 @@ __all__ = ["Trainer", "Tester", "ModuleDict", "launch_from_config", "load_config
            "ConfigError", "DefaultSampler", "TRANSFORMS", "DATASETS", "SAMPLERS", "OPTIMIZERS", "SCHEDULERS",
            "Registry", "build_module", "merge_params", "build_optimizer", "build_scheduler", "build_sampler",
            "build_transform", "ParallelBatchSampler", "EMAModel", "module_auto_wrap_policy", "ssh_copy_id",
-           "utils"]
+           "utils", "load_safetensors_shards"]

@@ -10,7 +10,7 @@ from .fp8 import check_fp8_config
 from .registry import OPTIMIZERS, SAMPLERS, STRATEGIES, TRANSFORMS, did_you_mean, import_object
 from .schedulers import SCHEDULERS
 from .schema_accelerate import check_cluster_key, dynamo_from_launch, normalise_deepspeed, normalise_fsdp
-from .schema_data import check_built as _check_built, check_data as _check_data
+from .schema_data import check_built as _check_built, check_data as _check_data, check_streaming, is_streaming
 
 REQUIRED = object()
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
@@ -331,6 +331,9 @@ def validate_config(cfg):
     for key in ("checkpoint_best", "eval_ema"):
         if cfg.train[key] and val is None:
             raise ConfigError(f"train.{key}: set dataloaders.val too (the data to validate on)")
+    train_data = cfg.dataloaders.train.data_or_config
+    if not own_loaders and is_streaming(train_data):
+        check_streaming("dataloaders.train", cfg.dataloaders.train, cfg.train)
     if cfg.launch.distributed_type == "DEEPSPEED":
         from .distributed.deepspeed_config import resolve_deepspeed_config
         resolve_deepspeed_config(cfg.launch.deepspeed_config, cfg.train, cfg.dataloaders.train.batch_size_per_gpu,

@@ -151,8 +151,10 @@ def normalise_fsdp(user):
     elif "fsdp_use_orig_params" in given:
         as_bool(at("fsdp_use_orig_params"), given["fsdp_use_orig_params"])  # FSDP2: always original parameters
     if as_bool(at("fsdp_cpu_ram_efficient_loading"), given.get("fsdp_cpu_ram_efficient_loading", False)):
-        raise ConfigError(f"{at('fsdp_cpu_ram_efficient_loading')}: not implemented (every rank builds the model"
-                          " in get_models); set it 'false'")
+        if not v2:  # FSDP2 shards the meta model and broadcasts rank 0's weights (distributed/meta_start.py)
+            raise ConfigError(f"{at('fsdp_cpu_ram_efficient_loading')}: rank-0 loading is implemented with"
+                              " fsdp_version=2 only; set it 'false' or use fsdp_version 2")
+        out["fsdp_cpu_ram_efficient_loading"] = True
     if "fsdp_sync_module_states" in given:  # ranks build identical weights (same seed, same files): holds as is
         as_bool(at("fsdp_sync_module_states"), given["fsdp_sync_module_states"])
     if "fsdp_activation_checkpointing" in given:

@@ -1,6 +1,9 @@
 """The config schema's checks of what names a class to build: datasets (ours, or giga_datasets' when it is
 installed, as GigaTrain resolves them), samplers, optimizers, schedulers; one line for a bad name or argument."""
+from torch.utils.data import IterableDataset
+
 from .data.giga_datasets import SAMPLER_NAMES, import_giga_datasets
+from .data.streaming import is_streaming
 from .errors import ConfigError, RegistryError
 from .registry import DATASETS, TYPE_KEYS, check_call_arguments
 
@@ -18,9 +21,19 @@ def check_data(where, data):
             if isinstance(one, (list, tuple)):
                 raise ConfigError(f"{where}[{i}]: expected a folder, a dict or a Dataset, not a nested list")
             check_data(f"{where}[{i}]", one)
-    elif not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
-        raise ConfigError(f"{where}: expected a dataset folder, dict(_class_name=...), a list of them or a"
-                          f" map-style Dataset, got {type(data).__name__}")
+    elif not isinstance(data, IterableDataset) and (not hasattr(data, "__getitem__") or not hasattr(data, "__len__")):
+        raise ConfigError(f"{where}: expected a dataset folder, dict(_class_name=...), a list of them, a"
+                          f" map-style Dataset or an IterableDataset, got {type(data).__name__}")
+
+
+def check_streaming(where, loader, train):
+    """What streaming data cannot have: a sampler (the dataset orders itself), epochs (it has no length)."""
+    for key in ("sampler", "batch_sampler"):
+        if loader.get(key) is not None:
+            raise ConfigError(f"{where}.{key}: an IterableDataset orders (and shards) its own samples; remove it")
+    if train.max_epochs is not None:
+        raise ConfigError(f"train.max_epochs: {where}.data_or_config is an IterableDataset (streaming, no length):"
+                          " set train.max_steps instead")
 
 
 def check_built(where, registry, cfg, supplied=(), giga_datasets=None):

@@ -358,6 +358,7 @@ def test_fsdp_config_in_accelerates_string_forms(tmp_path):
           fsdp_activation_checkpointing_offload="false", fsdp_ignored_modules=None), {}),
     (dict(fsdp_backward_prefetch="NO_PREFETCH", fsdp_forward_prefetch=True), {}),  # FSDP2: no such knobs
     (dict(fsdp_transformer_layer_cls_to_wrap=["A", " B"]), dict(fsdp_transformer_layer_cls_to_wrap=["A", "B"])),
+    (dict(cpu_ram_efficient_loading="true"), dict(fsdp_cpu_ram_efficient_loading=True)),
 ])
 def test_fsdp_normalisation(given, expected):
     out = normalise_fsdp(given)
@@ -366,7 +367,7 @@ def test_fsdp_normalisation(given, expected):
 
 @pytest.mark.parametrize("given, message", [
     (dict(fsdp_version="3"), "fsdp_version: '3' is not 1 or 2"),
-    (dict(fsdp_cpu_ram_efficient_loading="true"), "fsdp_cpu_ram_efficient_loading: not implemented"),
+    (dict(fsdp_version=1, fsdp_cpu_ram_efficient_loading="true"), "rank-0 loading is implemented with fsdp_version=2"),
     (dict(fsdp_cpu_ram_efficient_loading="maybe"), "expected true/false (or 'true'/'false'), got 'maybe'"),
     (dict(fsdp_offload_params=True), "fsdp_offload_params: CPU offload of parameters is not implemented"),
     (dict(fsdp_auto_wrap_policy="SIZE_BASED_WRAP"), "'SIZE_BASED_WRAP' is not implemented"),

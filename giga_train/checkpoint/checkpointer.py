@@ -3,7 +3,7 @@
 A checkpoint folder `models/checkpoint_epoch_E_step_S/` holds the weights in GigaTrain's model layout
 (layout.py: a folder per model, `<name>_ema/` and `ema_config.json` with EMA; written by the main rank), the
 engine's optimizer state (`optimizer_dcp/` + `precision.pt`, or `deepspeed/`), `random_states_R.pt` per
-rank, `training_state.pt` (the trainer's state_dict: scheduler, data position, step) and, written last,
+rank (and `data_state_R.pt`: streaming data's position), `training_state.pt` (the trainer's state_dict: scheduler, data position, step) and, written last,
 `meta.json`. The strategy takes and writes its own state; all the
 rest (folders, files, order, errors) is here, so the trainer calls save/resume in one line each."""
 import json
@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import time
+from copy import deepcopy
 
 import torch
 
@@ -31,11 +32,13 @@ OPTIMIZER_KEPT = 2
 
 
 class Checkpointer:
-    def __init__(self, strategy, model_dir, train, ema=None, model_name="model"):
+    def __init__(self, strategy, model_dir, train, ema=None, model_name="model", rank_state=None):
         """`train`: the train config (checkpoint_* keys); `ema`: the EMA whose weights go into `<name>_ema/`;
-        `model_name`: the folder of a model that is not a ModuleDict (GigaTrain's trainer attribute)."""
+        `model_name`: the folder of a model that is not a ModuleDict (GigaTrain's trainer attribute);
+        `rank_state`: what has a state of its own on each rank (state_dict/load_state_dict: a streaming data
+        position), saved per rank as data_state_R.pt."""
         self.strategy, self.env, self.model_dir, self.ema = strategy, strategy.env, model_dir, ema
-        self.model_name = model_name
+        self.model_name, self.rank_state = model_name, rank_state
         self.safe, self.strict = train.checkpoint_safe_serialization, train.checkpoint_strict
         self.keep_old_optimizer_state = train.get("checkpoint_save_optimizer", True)
         # GigaTrain's checkpoint_keeps are epochs when training by epochs
@@ -133,6 +136,10 @@ class Checkpointer:
                       lambda state: strategy.write_state(tmp, state, process_group)))
         rng_file = join(tmp, f"random_states_{self.env.rank}.pt")
         parts.append((rng_state, lambda state: torch.save(state, rng_file)))  # rng_state() is a fresh copy
+        if self.rank_state is not None:
+            data_file = join(tmp, f"data_state_{self.env.rank}.pt")
+            parts.append((lambda: deepcopy(self.rank_state.state_dict()),
+                          lambda state: torch.save(state, data_file)))
         if self.env.is_main:
             parts.append((lambda: host_copy(training_state()) if copy else training_state(),
                           lambda state: torch.save(state, join(tmp, TRAINING_STATE))))
@@ -192,6 +199,9 @@ class Checkpointer:
             config = os.path.join(path, EMA_CONFIG)
             step = json.load(open(config))["optimization_step"] if os.path.isfile(config) else None
             self.ema.load_state_dict(read_weights(path, meta, ema=True), step)
+        data_file = os.path.join(path, f"data_state_{self.env.rank}.pt")
+        if self.rank_state is not None and os.path.isfile(data_file):
+            self.rank_state.load_state_dict(torch.load(data_file, map_location="cpu", weights_only=True))
         rng_file = os.path.join(path, f"random_states_{self.env.rank}.pt")
         if os.path.isfile(rng_file):
             set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))

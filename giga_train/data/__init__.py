@@ -1,5 +1,7 @@
 from .giga_datasets import open_dataset
-from .loader import DataStream, LoaderStream, as_stream, build_dataset
+from .loader import DataStream, LoaderStream, as_stream, build_dataset, build_stream
 from .samplers import DefaultSampler
+from .streaming import StreamingData
 
-__all__ = ["DataStream", "DefaultSampler", "LoaderStream", "as_stream", "build_dataset", "open_dataset"]
+__all__ = ["DataStream", "DefaultSampler", "LoaderStream", "StreamingData", "as_stream", "build_dataset",
+           "build_stream", "open_dataset"]

@@ -6,12 +6,14 @@ import random
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from ..errors import ConfigError
 from ..registry import SAMPLERS, TRANSFORMS
+from .device import to_device
 from .giga_datasets import load_dataset, open_dataset
 from .samplers import DefaultSampler, EpochPlan
+from .streaming import StreamingData, is_streaming
 
 log = logging.getLogger("giga_train")
 
@@ -212,14 +214,13 @@ class DataStream:
         return batch
 
 
-def to_device(batch, device):
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
+def build_stream(cfg, seed, rank, world_size, device, accumulation=1, data_parallel_size=1):
+    """The training stream of a dataloader section: DataStream for a map-style dataset, StreamingData for an
+    IterableDataset (streaming.py)."""
+    if is_streaming(cfg.data_or_config):
+        return StreamingData(build_dataset(cfg.data_or_config), cfg, seed, rank, world_size, device)
+    return DataStream(cfg, seed, rank, world_size, device, accumulation=accumulation,
+                      data_parallel_size=data_parallel_size)
 
 
 class LoaderStream:
@@ -269,4 +270,4 @@ class LoaderStream:
 
 def as_stream(loader, device):
     """The stream the training loop reads: our DataStream as it is, any other loader through LoaderStream."""
-    return loader if isinstance(loader, DataStream) else LoaderStream(loader, device)
+    return loader if isinstance(loader, (DataStream, StreamingData)) else LoaderStream(loader, device)

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 from ..blocks import parse_class_names, require_classes
 from ..compile import block_classes, compile_model, compiles
+from ..errors import ConfigError
 from ..fp8 import convert_to_float8, precompute_scales_after_step
 from .activation_checkpointing import apply_activation_checkpointing
+from .meta_start import MetaStart, on_meta
 
 
 @dataclass
@@ -34,11 +36,21 @@ def plan_blocks(model, train, fsdp_config):
     return BlockPlan(checkpointed, compiled)
 
 
-def parallelize(model, strategy, train, fsdp_config, make_optimizer, checkpoint=None, float8=None):
+def parallelize(model, strategy, train, fsdp_config, make_optimizer, checkpoint=None, float8=None,
+                init_weights=None, from_rank0=False):
     """Transform `model` as the train config says and hand it to `strategy`; returns (model, optimizer).
     `make_optimizer(module)` builds the optimizer over the module the engine steps. `checkpoint(model)` and
     `float8(model)` replace the default activation checkpointing and fp8 conversion (the Trainer's hooks,
-    which a project may override)."""
+    which a project may override). A model on the meta device, or any with `from_rank0` (rank-0 loading:
+    rank 0's weights are broadcast), is materialised shard by shard (meta_start.py), by `init_weights(model)`
+    when not from rank 0."""
+    meta_start = None
+    if from_rank0 or on_meta(model):
+        if not strategy.starts_from_meta:
+            raise ConfigError(f"get_models built {type(model).__name__} on the meta device: only FSDP2"
+                              " (distributed_type='FSDP', fsdp_version=2) materialises it shard by shard; build"
+                              f" it on a device under {type(strategy).__name__}")
+        meta_start = MetaStart(model, from_rank0, strategy.env.rank, init_weights)
     plan = plan_blocks(model, train, fsdp_config)
     if checkpoint is not None:
         checkpoint(model)
@@ -50,7 +62,8 @@ def parallelize(model, strategy, train, fsdp_config, make_optimizer, checkpoint=
         convert_to_float8(model, train.fp8_config, fsdp2=strategy.gathers_float8_weights())
     if plan.compiled is not None:
         compile_model(model, train.dynamo_config, plan.compiled)
-    model, optimizer = strategy.setup(model, make_optimizer)  # FSDP shards its wrap classes (blocks.py)
+    # FSDP shards its wrap classes (blocks.py)
+    model, optimizer = strategy.setup(model, make_optimizer, **({"meta_start": meta_start} if meta_start else {}))
     if train.mixed_precision == "fp8":
         precompute_scales_after_step(strategy.unwrap(), optimizer)
     return model, optimizer

@@ -149,7 +149,9 @@ class Runner:
 
     @property
     def data_size(self):
-        return len(self.dataloader.dataset)
+        """Samples in the dataset; None for a stream without a length (an IterableDataset)."""
+        dataset = self.dataloader.dataset
+        return len(dataset) if hasattr(dataset, "__len__") else None
 
     def get_checkpoint(self, checkpoint=None):
         """A checkpoint folder: `checkpoint` itself (a name starting with 'checkpoint' is looked up under

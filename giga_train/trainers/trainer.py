@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from ..checkpoint.checkpointer import Checkpointer
-from ..data import DataStream, as_stream
+from ..data import as_stream, build_stream
 from ..distributed.activation_checkpointing import apply_activation_checkpointing
+from ..distributed.meta_start import building_context, default_init_weights, rank0_loading
 from ..distributed.parallelize import parallelize
 from ..distributed.preemption import PreemptionSignals
 from ..ema import EMA
@@ -98,7 +99,8 @@ class Trainer(CheckpointHooks, Runner):
         train = self.train_config
         self._dataloaders = as_list(self.get_dataloaders(dataloaders))
         self._stream = as_stream(self.dataloader, self.device)  # what the loop reads; checkpoints its position
-        self._models = as_list(self.get_models(models))
+        with building_context(self.config.launch, self.process_index):  # meta off rank 0 under rank-0 loading
+            self._models = as_list(self.get_models(models))
         if len(self._models) != 1:
             raise ConfigError(f"get_models returned {len(self._models)} models: giga-train trains one module;"
                               " put several in a giga_train.ModuleDict (GigaTrain's checkpoints also hold one)")
@@ -111,11 +113,14 @@ class Trainer(CheckpointHooks, Runner):
         self._models[0], _ = parallelize(  # the engine's optimizer (one, or an OptimizerGroup) is the strategy's
             self._models[0], self.strategy, train, self.config.launch.fsdp_config, make_optimizers,
             checkpoint=lambda model: self.apply_activation_checkpointing([model]),
-            float8=lambda model: self.apply_fp8([model]))
+            float8=lambda model: self.apply_fp8([model]), init_weights=self.init_weights,
+            from_rank0=rank0_loading(self.config.launch))
         self.set_ema_models()
         self._schedulers = as_list(self.get_schedulers(schedulers))
         self.checkpoints = Checkpointer(self.strategy, self.model_dir, train, self.ema,
-                                        model_name=getattr(self, "model_name", "model"))  # GigaTrain's attribute
+                                        model_name=getattr(self, "model_name", "model"),  # GigaTrain's attribute
+                                        rank_state=self._stream if getattr(self._stream, "per_rank_state", False)
+                                        else None)
         max_nan = train.max_nan_steps if train.max_nan_steps is not None else float("inf")  # None: never stop
         self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest)
         self._scheduler_rewind = SchedulerRewind(self.schedulers, self.optimizers)
@@ -133,13 +138,19 @@ class Trainer(CheckpointHooks, Runner):
 
     def get_dataloaders(self, data_config):
         """The training data: micro-batches on the device, resumable to the exact sample."""
-        return DataStream(data_config, self.train_config.seed, self.process_index, self.num_processes, self.device,
-                          accumulation=self.gradient_accumulation_steps,
-                          data_parallel_size=self.train_config.get("data_parallel_size") or 1)
+        return build_stream(data_config, self.train_config.seed, self.process_index, self.num_processes,
+                            self.device, accumulation=self.gradient_accumulation_steps,
+                            data_parallel_size=self.train_config.get("data_parallel_size") or 1)
 
     def get_models(self, model_config):
         """Return an nn.Module, or a ModuleDict of several (called with `config.models`)."""
         raise NotImplementedError(f"{type(self).__name__} must define get_models(self, model_config)")
+
+    def init_weights(self, model):
+        """Fill a model that get_models built on the meta device, once sharded (FSDP2): each rank's shard is
+        allocated, uninitialised. Default: the model's init_weights(), else each module's reset_parameters().
+        Pretrained weights: giga_train.load_safetensors_shards(model, path) reads each rank's rows only."""
+        default_init_weights(model)
 
     def set_ema_models(self):
         """With train.with_ema: the moving average of the trainable weights (sharded as the model is)."""
@@ -228,7 +239,10 @@ class Trainer(CheckpointHooks, Runner):
 
     @property
     def epoch_size(self):
-        """Optimizer steps per epoch."""
+        """Optimizer steps per epoch. A stream without a length (an IterableDataset) counts the whole run
+        as one epoch for what is counted in epochs (the schema requires max_steps for it)."""
+        if not hasattr(self.dataloader, "__len__"):
+            return self.train_config.max_steps
         return int(math.ceil(len(self.dataloader) / self.gradient_accumulation_steps))
 
     @property
@@ -430,7 +444,7 @@ class Trainer(CheckpointHooks, Runner):
         self.print("%s: %d parameters (%d trained)", type(self.unwrapped_model).__name__,
                    sum(p.numel() for p in self.unwrapped_model.parameters()),
                    sum(p.numel() for p in self.get_trainable_parameters(self.unwrapped_model)))
-        self.print("num_processes: %d, process_index: %d, data_size: %d, batch_size: %d, epoch_size: %d",
+        self.print("num_processes: %d, process_index: %d, data_size: %s, batch_size: %d, epoch_size: %d",
                    self.num_processes, self.process_index, self.data_size, self.batch_size, self.epoch_size)
         self.print("training %s from step %d to %d (%d samples/step) on %s; checkpoints in %s, logs in %s",
                    type(self.unwrapped_model).__name__, self.step, self.max_steps, self.batch_size, self.device,

@@ -29,6 +29,8 @@ class Strategy(abc.ABC):
     # Whether state_snapshot(copy=True) returns host copies that write_state can write from another thread
     # (train.checkpoint_async). An engine that takes its own state while writing says False.
     state_snapshot_detached = True
+    # Whether setup() takes a model on the meta device (setup's `meta_start`, distributed/meta_start.py).
+    starts_from_meta = False
 
     def __init__(self, env, launch, train, micro_batch_size=1):
         self.env, self.launch, self.train = env, launch, train

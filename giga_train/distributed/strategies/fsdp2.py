@@ -1,6 +1,7 @@
 """FSDP (fsdp_version=2, the default): fully_shard per wrap-class block, then the root. Parameters are
 DTensors; optimizer state is saved sharded through torch.distributed.checkpoint, the model whole.
-Registered as "FSDP" with FSDP1 (fsdp.py picks by launch.fsdp_config.fsdp_version)."""
+Registered as "FSDP" with FSDP1 (fsdp.py picks by launch.fsdp_config.fsdp_version). A model on the meta
+device is sharded as it is and each rank's shard allocated and filled after (meta_start.py)."""
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor
@@ -12,6 +13,8 @@ from .torch_optimizer import TorchOptimizerStrategy
 
 
 class FSDP2Strategy(TorchOptimizerStrategy):
+    starts_from_meta = True
+
     def __init__(self, env, launch, train, **kwargs):
         super().__init__(env, launch, train, **kwargs)
         init_process_group(env)  # also at world size 1: FSDP needs a group
@@ -20,10 +23,12 @@ class FSDP2Strategy(TorchOptimizerStrategy):
     def gathers_float8_weights(self):
         return True  # parameters become DTensors: torchao all-gathers float8 weights (tensorwise)
 
-    def setup(self, model, make_optimizer):
+    def setup(self, model, make_optimizer, meta_start=None):
+        """`meta_start` (a MetaStart): the model is on the meta device; each rank's shard is filled after."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         wrap_classes = wrap_class_names(model, self.fsdp)
-        model.to(self.device)
+        if meta_start is None:
+            model.to(self.device)
         dtype = self.precision.dtype
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else \
             MixedPrecisionPolicy()
@@ -32,6 +37,8 @@ class FSDP2Strategy(TorchOptimizerStrategy):
             if type(module).__name__ in wrap_classes:
                 fully_shard(module, mp_policy=policy, reshard_after_forward=reshard)
         self.model = fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
+        if meta_start is not None:
+            meta_start.fill(self.model, self.device)
         self.optimizer = make_optimizer(self.model)
         return self.model, self.optimizer
 

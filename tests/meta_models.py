@@ -1,0 +1,82 @@
+"""A model with a non-persistent buffer (a rotary-style frequency table) and the trainers of the meta-start
+tests: a normal start, rank-0 loading (fsdp_cpu_ram_efficient_loading) and a meta start filled from
+safetensors shard by shard. Each writes, after sharding, the full weights and its rank's buffers."""
+import os
+
+import torch
+from torch import nn
+
+from examples.char_lm import data  # noqa: F401  (registers StdlibText)
+from giga_train import Trainer, load_safetensors_shards
+
+
+class Block(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.norm, self.mix = nn.LayerNorm(dim), nn.Linear(dim, dim)
+        self.register_buffer("inv_freq", self.frequencies(dim), persistent=False)
+
+    @staticmethod
+    def frequencies(dim):
+        return 1.0 / (100 ** (torch.arange(dim, dtype=torch.float32) / dim))
+
+    def forward(self, x):
+        angle = torch.arange(x.shape[1], dtype=x.dtype, device=x.device)[:, None] * self.inv_freq
+        return x + self.mix(self.norm(x) * torch.cos(angle))
+
+
+class RotaryLM(nn.Module):
+    def __init__(self, vocab_size=256, dim=16, layers=2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.blocks = nn.ModuleList(Block(dim) for _ in range(layers))
+        self.head = nn.Linear(dim, vocab_size)
+
+    def forward(self, tokens, targets):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return nn.functional.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
+
+
+def build_model():
+    torch.manual_seed(0)
+    return RotaryLM()
+
+
+class NormalStart(Trainer):
+    def get_models(self, model_config):
+        return build_model()
+
+    def forward_step(self, batch_dict):
+        return self.model(batch_dict["tokens"], batch_dict["targets"])
+
+    def set_ema_models(self):  # right after sharding: what every rank holds
+        full = self.strategy.model_state_dict()
+        buffers = {k: v.clone() for k, v in self.unwrapped_model.named_buffers() if k.endswith("inv_freq")}
+        torch.save(dict(full=full if self.is_main_process else None, buffers=buffers),
+                   os.path.join(self.project_dir, f"after_sharding_{self.rank}.pt"))
+        super().set_ema_models()
+
+
+class Rank0Start(NormalStart):
+    """Built as a normal start; under fsdp_cpu_ram_efficient_loading ranks > 0 build it on meta."""
+
+    def get_models(self, model_config):
+        model = build_model()
+        assert next(model.parameters()).is_meta == (self.rank != 0)
+        return model
+
+
+class MetaStart(NormalStart):
+    """Built on the meta device on every rank; filled from the safetensors file the test wrote."""
+
+    def get_models(self, model_config):
+        self.pretrained = os.environ["GT_PRETRAINED"]
+        with torch.device("meta"):
+            return RotaryLM()
+
+    def init_weights(self, model):
+        load_safetensors_shards(model, self.pretrained)
+        for block in model.blocks:
+            block.inv_freq.copy_(Block.frequencies(block.inv_freq.numel()))
