@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..errors import ConfigError
 from ..registry import SAMPLERS, TRANSFORMS
