@@ -278,14 +278,13 @@ class ShardedVectorBucket(_OnShards, VectorBucket):
         self.world = dist.get_world_size(group=group)
         super().__init__(params, states, positions)
         n = len(params)
+        # [sums of u^2 and p^2 per tensor (all-reduced each step) | each whole tensor's numel (fixed)]
         self.sums = torch.empty(3 * n, dtype=torch.float32, device=self.device)
-        self.global_numel = torch.tensor(global_numels, dtype=torch.float32, device=self.device)
+        self.sums[2 * n:] = torch.tensor(global_numels, dtype=torch.float32)
 
     def step(self, grads, group, found_inf=None):
         self._launch(grads, group, found_inf, self.sums, phase=1)
-        n = len(self.params)
-        self._sum(self.sums[:2 * n])
-        self.sums[2 * n:].copy_(self.global_numel)
+        self._sum(self.sums[:2 * len(self.params)])
         self._launch(grads, group, found_inf, self.sums, phase=2)
 
 
