@@ -1,13 +1,21 @@
-"""Wan2.2-TI2V-5B fine-tuning on one GPU: seconds per step and peak memory through the real Trainer.
+"""Wan2.2-TI2V-5B fine-tuning on one GPU: seconds per step and peak memory through our Trainer and through
+the real GigaTrain 1.1.0, side by side.
 
     python bench/wan.py                         # CUDA: the 5B architecture at random init, 480x832, 49 frames
     python bench/wan.py --tiny --device cpu     # every code path on a tiny architecture (CPU, seconds)
     python bench/wan.py --tiny --device cpu --simulate-oom-above 17   # the OOM row and frame fallback
+    python bench/wan.py --gigatrain-path DIR --rows gigatrain:ZeRO-2:CAME8Bit ZeRO-2:CAME8Bit
+        # DIR: a folder holding GigaTrain 1.1.0 (pip install --target DIR giga-train==1.1.0 ...); or
+        # --gigatrain-python: an interpreter whose site-packages has it (its venv)
+
+A row is [gigatrain:]STRATEGY:OPTIMIZER: with the prefix it runs through GigaTrain (bench/wan_gigatrain.py: the
+same model, objective, files and settings, written as a GigaTrain project), else through giga-train. Steps are
+timed the same way on both sides (bench/step_clock.py: a synchronised timestamp at each step's end).
 
 Each (strategy, optimizer) row runs in a fresh process: the synthetic dataset of the row's shape
 (examples/wan/scripts/build_dataset.py --synthetic), the 5B config (examples/wan/configs/wan_5b_t2v_ft.py)
 at one GPU with bf16 autocast over fp32 parameters and activation checkpointing per WanTransformerBlock,
-batch 1. Seconds per step: the trainer's mean over the second half of the steps. Peak: the row's
+batch 1. Seconds per step: the mean over the second half of the steps. Peak: the row's
 torch.cuda.max_memory_allocated (peak RSS on CPU). An out-of-memory row is reported as a row and the
 row is retried with fewer frames (49 -> 33 -> 17 -> 9 -> 1). A time budget (--budget-s) skips what no
 longer fits. Prints a markdown table last and writes JSON (bench/wan.json)."""
@@ -15,7 +23,6 @@ import argparse
 import datetime
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -25,6 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from bench.step_clock import StepClock, peak_memory_gib  # noqa: E402
 from examples.wan.trainer import WanTrainer  # noqa: E402
 
 FRAME_FALLBACK = (49, 33, 17, 9, 1)
@@ -34,13 +42,15 @@ TINY_ARCH = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim
                  qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=64)
 STRATEGIES = {
     "NO": dict(distributed_type="NO"),
-    "ZeRO-2": dict(distributed_type="DEEPSPEED", deepspeed_config=dict(deepspeed_config_file="zero2.json")),
+    "ZeRO-2": dict(distributed_type="DEEPSPEED",
+                   deepspeed_config=dict(deepspeed_config_file="accelerate_configs/zero2.json")),
     "FSDP2": dict(distributed_type="FSDP", fsdp_config=dict(
         fsdp_version=2, fsdp_transformer_layer_cls_to_wrap="WanTransformerBlock")),
 }
-# ZeRO-2 with AdamW: CAME8Bit is refused on ZeRO's flat partitions (it needs 2-D shapes); under ZeRO the
-# engine holds bf16 weights with fp32 master copies in the optimizer instead of fp32 weights + autocast.
-DEFAULT_ROWS = ("NO:AdamW", "NO:CAME8Bit", "ZeRO-2:AdamW", "FSDP2:CAME8Bit")
+# Under ZeRO the engine holds bf16 weights with fp32 master copies in the optimizer instead of fp32 weights +
+# autocast. The seed's settings are ZeRO-2 + CAME8Bit: GigaTrain's rows run when it is given (--gigatrain-*).
+DEFAULT_ROWS = ("NO:AdamW", "NO:CAME8Bit", "ZeRO-2:AdamW", "ZeRO-2:CAME8Bit", "FSDP2:CAME8Bit")
+GIGATRAIN_ROWS = ("gigatrain:ZeRO-2:CAME8Bit", "ZeRO-2:CAME8Bit", "gigatrain:ZeRO-2:AdamW", "ZeRO-2:AdamW")
 
 
 def optimizer_config(name, device):
@@ -65,6 +75,7 @@ class BenchWanTrainer(WanTrainer):
     def get_models(self, model_config):
         model = super().get_models(model_config)
         self.num_params = sum(p.numel() for p in model.parameters())
+        self.clock = None
         return model
 
     def forward_step(self, batch_dict):
@@ -73,17 +84,16 @@ class BenchWanTrainer(WanTrainer):
         if limit and frames > int(limit):
             import torch
             raise torch.OutOfMemoryError(f"CUDA out of memory (simulated above {limit} frames)")
-        return super().forward_step(batch_dict)
+        if self.clock is None:
+            self.clock = StepClock(self.device)
+        self.last_loss = super().forward_step(batch_dict)
+        return self.last_loss
+
+    def save_checkpoint_step(self):
+        self.clock.tick()
 
     def save_checkpoint(self):
         pass
-
-
-def peak_memory_gib(device):
-    import torch
-    if device == "cuda":
-        return torch.cuda.max_memory_allocated() / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 def is_oom(error):
@@ -97,7 +107,7 @@ def row_config(spec, data_dir, project_dir):
     cfg = load_config(os.path.join(ROOT, "examples/wan/configs/wan_5b_t2v_ft.py"))
     cfg.runners = ["bench.wan.BenchWanTrainer"]
     cfg.project_dir = project_dir
-    cfg.launch = dict(STRATEGIES[spec["strategy"]], gpu_ids=[0] if spec["device"] == "cuda" else None)
+    cfg.launch = row_launch(spec)
     cfg.dataloaders.train.update(num_workers=0, data_or_config=dict(
         _class_name="WanLatentDataset", root=data_dir, text_len=spec["text_shape"][0]))
     cfg.models = dict(transformer=TINY_ARCH if spec["tiny"] else WAN22_TI2V_5B, flow_shift=5.0)
@@ -108,29 +118,35 @@ def row_config(spec, data_dir, project_dir):
     return cfg
 
 
+def row_launch(spec):
+    return dict(STRATEGIES[spec["strategy"]], gpu_ids=[0] if spec["device"] == "cuda" else None)
+
+
+def row_data(spec, folder):
+    """The row's synthetic samples (the same files for both sides: same shapes, same seed)."""
+    from examples.wan.model import latent_shape
+    from examples.wan.samples import write_synthetic_dataset
+    shape = latent_shape(spec["frames"], spec["height"], spec["width"],
+                         channels=TINY_ARCH["in_channels"] if spec["tiny"] else 48)
+    write_synthetic_dataset(folder, 2, shape, spec["text_shape"], seed=0)
+    return shape
+
+
 def run_row(spec, result_path):
     """In the row's own process: build the data, train, write the row as JSON."""
     import torch
 
-    from examples.wan.data import write_synthetic_dataset
-    from examples.wan.model import latent_shape
     from giga_train import launch_from_config
-    arch = TINY_ARCH if spec["tiny"] else None
-    shape = latent_shape(spec["frames"], spec["height"], spec["width"],
-                         channels=arch["in_channels"] if arch else 48)
-    row = dict(strategy=spec["strategy"], optimizer=spec["optimizer"], frames=spec["frames"],
-               latents=list(shape), tokens=shape[1] * (shape[2] // 2) * (shape[3] // 2))
     with tempfile.TemporaryDirectory(prefix="wan_bench_") as tmp:
         data_dir = os.path.join(tmp, "data")
-        write_synthetic_dataset(data_dir, 2, shape, spec["text_shape"], seed=0)
+        row_data(spec, data_dir)
         cfg = row_config(spec, data_dir, os.path.join(tmp, "project"))
         try:
             trainer = launch_from_config(cfg)
-            metrics = trainer.last_metrics
-            row.update(status="ok", step_s=metrics["step_time"], loss=metrics["total_loss"],
+            row = dict(status="ok", step_s=trainer.clock.mean_step_s(), loss=trainer.last_loss.item(),
                        init_s=trainer.init_seconds, params=trainer.num_params)
         except Exception as error:  # OOM and anything else: a row that says what happened
-            row.update(status="oom" if is_oom(error) else "error",
+            row = dict(status="oom" if is_oom(error) else "error",
                        error=f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}")
         row["peak_gib"] = peak_memory_gib(spec["device"])
         if spec["device"] == "cuda":
@@ -139,38 +155,88 @@ def run_row(spec, result_path):
         json.dump(row, f)
 
 
-def spawn_row(spec, timeout):
-    """Run one row in a fresh interpreter; a crash or timeout becomes a row too."""
-    base = dict(strategy=spec["strategy"], optimizer=spec["optimizer"], frames=spec["frames"])
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        result_path = f.name
-    try:
-        run = subprocess.run([sys.executable, os.path.abspath(__file__), "--row", json.dumps(spec),
-                              "--row-result", result_path], cwd=ROOT, capture_output=True, text=True,
-                             timeout=timeout)
-        output = (run.stdout + run.stderr).strip().splitlines()
-        if os.path.getsize(result_path) == 0:
-            print("\n".join(output[-20:]), file=sys.stderr)
-            return dict(base, status="error", error=f"exit {run.returncode}: {output[-1] if output else ''}"[:300])
-        with open(result_path) as f:
-            row = json.load(f)
-        if row["status"] == "error":
-            print("\n".join(output[-20:]), file=sys.stderr)
-        return row
-    except subprocess.TimeoutExpired:
-        if os.path.getsize(result_path) > 0:  # the row finished; only the process's exit hung
+def gigatrain_config(spec, data_dir, project_dir, launch, optimizer, arch):
+    """The row as a GigaTrain project's config (bench/wan_gigatrain.py's trainer): row_config's settings."""
+    steps = spec["steps"]
+    return dict(
+        runners=["wan_gigatrain.GigaTrainWanTrainer"], project_dir=project_dir, launch=launch,
+        dataloaders=dict(train=dict(root=data_dir, text_len=spec["text_shape"][0], batch_size_per_gpu=1,
+                                    num_workers=0)),
+        models=dict(transformer=arch, flow_shift=5.0), optimizers=optimizer,
+        schedulers=dict(type="ConstantScheduler"),
+        train=dict(max_steps=steps, gradient_accumulation_steps=1, max_grad_norm=1.0, mixed_precision="bf16",
+                   activation_checkpointing=True, activation_class_names=["WanTransformerBlock"],
+                   log_interval=max(steps // 2, 1), log_cpu_memory=False, seed=42))
+
+
+def gigatrain_command(spec, tmp, args):
+    """The command and environment of a GigaTrain row: bench/wan_gigatrain.py under GigaTrain's giga_train
+    (args.gigatrain_path first on PYTHONPATH, our checkout off it) with the row's data and config."""
+    from examples.wan.model import WAN22_TI2V_5B
+    data_dir = os.path.join(tmp, "data")
+    row_data(spec, data_dir)
+    launch = dict(row_launch(spec), gpu_ids=[0])  # GigaTrain's Launcher needs GPU ids even on CPU
+    config = gigatrain_config(spec, data_dir, os.path.join(tmp, "project"), launch,
+                              optimizer_config(spec["optimizer"], spec["device"]),
+                              TINY_ARCH if spec["tiny"] else WAN22_TI2V_5B)
+    env = dict(os.environ)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != ROOT]
+    env["PYTHONPATH"] = os.pathsep.join(([args.gigatrain_path] if args.gigatrain_path else []) + paths)
+    python = args.gigatrain_python or sys.executable
+    env["PATH"] = os.pathsep.join([os.path.dirname(python), env.get("PATH", "")])  # its `accelerate`
+    if python != sys.executable:  # another torch: its JIT-built DeepSpeed ops must not replace (and lock) ours
+        ours = env.get("TORCH_EXTENSIONS_DIR") or os.path.join(tempfile.gettempdir(), "torch_extensions")
+        env["TORCH_EXTENSIONS_DIR"] = ours.rstrip(os.sep) + "-gigatrain"
+    command = [python, os.path.join(ROOT, "bench", "wan_gigatrain.py"),
+               "--row", json.dumps(dict(spec=spec, config=config))]
+    return command, env
+
+
+def spawn_row(spec, timeout, args):
+    """Run one row in a fresh interpreter (GigaTrain's rows under GigaTrain); a crash or timeout is a row too."""
+    base = dict(path=spec["path"], strategy=spec["strategy"], optimizer=spec["optimizer"], frames=spec["frames"])
+    with tempfile.TemporaryDirectory(prefix="wan_row_") as tmp:
+        result_path = os.path.join(tmp, "row.json")
+        if spec["path"] == "gigatrain":  # not from our checkout: accelerate's child would import our giga_train
+            (command, env), cwd = gigatrain_command(spec, tmp, args), tmp
+        else:
+            command, env, cwd = [sys.executable, os.path.abspath(__file__), "--row", json.dumps(spec)], None, ROOT
+        try:
+            run = subprocess.run(command + ["--row-result", result_path], cwd=cwd, env=env, capture_output=True,
+                                 text=True, timeout=timeout)
+            output = (run.stdout + run.stderr).strip().splitlines()
+            if not os.path.exists(result_path) or os.path.getsize(result_path) == 0:
+                print("\n".join(output[-80:]), file=sys.stderr)
+                oom = any("out of memory" in line.lower() for line in output[-30:])
+                return dict(base, status="oom" if oom else "error",
+                            error=f"exit {run.returncode}: {output[-1] if output else ''}"[:300])
             with open(result_path) as f:
-                return json.load(f)
-        return dict(base, status="timeout", error=f"killed after {timeout:.0f} s (time budget)")
-    finally:
-        os.remove(result_path)
+                row = json.load(f)
+            if row["status"] == "error":
+                print("\n".join(output[-20:]), file=sys.stderr)
+        except subprocess.TimeoutExpired:
+            if not os.path.exists(result_path) or os.path.getsize(result_path) == 0:
+                return dict(base, status="timeout", error=f"killed after {timeout:.0f} s (time budget)")
+            with open(result_path) as f:  # the row finished; only the process's exit hung
+                row = json.load(f)
+    return dict(base, **row, **row_shape(spec))
+
+
+def row_shape(spec):
+    from examples.wan.model import latent_shape
+    shape = latent_shape(spec["frames"], spec["height"], spec["width"],
+                         channels=TINY_ARCH["in_channels"] if spec["tiny"] else 48)
+    return dict(latents=list(shape), tokens=shape[1] * (shape[2] // 2) * (shape[3] // 2))
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--tiny", action="store_true", help="a 2-block architecture instead of the 5B one")
-    p.add_argument("--rows", nargs="*", default=list(DEFAULT_ROWS), help="STRATEGY:OPTIMIZER, in order")
+    p.add_argument("--rows", nargs="*", help="[gigatrain:]STRATEGY:OPTIMIZER, in order (default: ours, or"
+                   " GigaTrain's beside ours with --gigatrain-*)")
+    p.add_argument("--gigatrain-path", help="a folder holding GigaTrain 1.1.0 (first on its rows' PYTHONPATH)")
+    p.add_argument("--gigatrain-python", help="the interpreter for GigaTrain's rows (default: this one)")
     p.add_argument("--frames", type=int, default=49, help="frames to try first (4k+1)")
     p.add_argument("--height", type=int, default=None, help="default 480 (64 with --tiny)")
     p.add_argument("--width", type=int, default=None, help="default 832 (64 with --tiny)")
@@ -187,6 +253,8 @@ def main():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)  # the row is written: skip interpreter teardown (NCCL/gloo threads can hang or abort there)
+    if args.rows is None:
+        args.rows = list(GIGATRAIN_ROWS if args.gigatrain_path or args.gigatrain_python else DEFAULT_ROWS)
     if args.simulate_oom_above is not None:
         os.environ[SIMULATE_OOM] = str(args.simulate_oom_above)
     height = args.height or (64 if args.tiny else 480)
@@ -196,19 +264,19 @@ def main():
     frames_to_try = [f for f in FRAME_FALLBACK if f <= args.frames] or [args.frames]
     rows = []
     for entry in args.rows:
-        strategy, _, optimizer = entry.partition(":")
-        if strategy not in STRATEGIES:
-            raise SystemExit(f"bench/wan.py: unknown strategy {strategy!r} ({', '.join(STRATEGIES)})")
+        path, strategy, optimizer = parse_row(entry)
+        if path == "gigatrain" and not (args.gigatrain_path or args.gigatrain_python):
+            raise SystemExit(f"bench/wan.py: row {entry!r} needs --gigatrain-path or --gigatrain-python")
         optimizer_config(optimizer, args.device)
         for frames in frames_to_try:
             remaining = deadline - time.monotonic()
             if remaining < 20:
-                rows.append(dict(strategy=strategy, optimizer=optimizer, frames=frames, status="skipped",
-                                 error=f"time budget of {args.budget_s:.0f} s spent"))
+                rows.append(dict(path=path, strategy=strategy, optimizer=optimizer, frames=frames,
+                                 status="skipped", error=f"time budget of {args.budget_s:.0f} s spent"))
                 break
-            spec = dict(strategy=strategy, optimizer=optimizer, frames=frames, height=height, width=width,
-                        text_shape=text_shape, steps=args.steps, tiny=args.tiny, device=args.device)
-            row = spawn_row(spec, min(remaining, args.row_timeout_s))
+            spec = dict(path=path, strategy=strategy, optimizer=optimizer, frames=frames, height=height,
+                        width=width, text_shape=text_shape, steps=args.steps, tiny=args.tiny, device=args.device)
+            row = spawn_row(spec, min(remaining, args.row_timeout_s), args)
             rows.append(row)
             print(f"[bench/wan] {summary(row)}", file=sys.stderr, flush=True)
             if row["status"] != "oom":
@@ -216,11 +284,28 @@ def main():
     report(rows, args, height, width)
 
 
+def parse_row(entry):
+    """'[gigatrain:]STRATEGY:OPTIMIZER' -> (path, strategy, optimizer)."""
+    parts = entry.split(":")
+    path = parts.pop(0) if len(parts) == 3 else "giga-train"
+    if path not in ("gigatrain", "giga-train") or len(parts) != 2 or parts[0] not in STRATEGIES:
+        raise SystemExit(f"bench/wan.py: row {entry!r}: expected [gigatrain:]STRATEGY:OPTIMIZER with STRATEGY"
+                         f" one of {', '.join(STRATEGIES)}")
+    return path, parts[0], parts[1]
+
+
 def summary(row):
+    name = f"{row['path']} {row['strategy']} {row['optimizer']} {row['frames']} frames"
     if row["status"] == "ok":
-        return (f"{row['strategy']} {row['optimizer']} {row['frames']} frames: {row['step_s']:.3f} s/step,"
-                f" peak {row['peak_gib']:.2f} GiB")
-    return f"{row['strategy']} {row['optimizer']} {row['frames']} frames: {row['status']}: {row.get('error', '')}"
+        return f"{name}: {row['step_s']:.3f} s/step, peak {row['peak_gib']:.2f} GiB"
+    return f"{name}: {row['status']}: {row.get('error', '')}"
+
+
+def comparisons(rows):
+    """(strategy, optimizer, GigaTrain's row, ours) for each pair that both finished at the same frames."""
+    ok = {(r["path"], r["strategy"], r["optimizer"], r["frames"]): r for r in rows if r["status"] == "ok"}
+    return [(s, o, ok[("gigatrain", s, o, f)], ours) for (path, s, o, f), ours in ok.items()
+            if path == "giga-train" and ("gigatrain", s, o, f) in ok]
 
 
 def report(rows, args, height, width):
@@ -235,27 +320,38 @@ def report(rows, args, height, width):
     meta = dict(date=datetime.date.today().isoformat(), card=card, torch=torch.__version__,
                 diffusers=diffusers_version, arch="tiny" if args.tiny else "Wan2.2-TI2V-5B (random init)",
                 params=params, height=height, width=width, steps=args.steps, batch=1,
-                precision="bf16 autocast, fp32 parameters", activation_checkpointing="WanTransformerBlock",
+                precision="bf16: autocast over fp32 parameters; under DeepSpeed bf16 weights + fp32 master copies",
+                activation_checkpointing="WanTransformerBlock",
                 command=" ".join(["python", "bench/wan.py", *sys.argv[1:]]))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=2)
+        json.dump(dict(meta=meta, rows=rows, giga_train_vs_gigatrain=[
+            dict(strategy=s, optimizer=o, step_rate_ratio=theirs["step_s"] / ours["step_s"],
+                 peak_ratio=ours["peak_gib"] / theirs["peak_gib"]) for s, o, theirs, ours in comparisons(rows)]),
+            f, indent=2)
     peak = "peak GiB (max allocated)" if args.device == "cuda" else "peak RSS GiB"
     print(f"\n{meta['date']}, {card}, torch {meta['torch']}, diffusers {diffusers_version}, {meta['arch']}"
-          f"{f' ({params / 1e9:.3f}B params)' if params else ''}, {height}x{width}, batch 1, bf16 autocast"
-          f" over fp32 parameters, activation checkpointing per WanTransformerBlock, {args.steps} steps")
-    print(f"| strategy | optimizer | frames (latents) | tokens | s/step | {peak} | init s | loss | note |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"{f' ({params / 1e9:.3f}B params)' if params else ''}, {height}x{width}, batch 1, {meta['precision']},"
+          f" activation checkpointing per WanTransformerBlock, {args.steps} steps")
+    print(f"| trainer | strategy | optimizer | frames (latents) | tokens | s/step | {peak} | init s | loss | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         shape = f"{r['frames']} ({'x'.join(map(str, r['latents']))})" if "latents" in r else str(r["frames"])
         if r["status"] == "ok":
-            print(f"| {r['strategy']} | {r['optimizer']} | {shape} | {r['tokens']} | {r['step_s']:.3f} |"
+            print(f"| {r['path']} | {r['strategy']} | {r['optimizer']} | {shape} | {r['tokens']} | {r['step_s']:.3f} |"
                   f" {r['peak_gib']:.2f} | {r['init_s']:.1f} | {r['loss']:.4f} | |")
         else:
             peak_value = f"{r['peak_gib']:.2f}" if "peak_gib" in r else ""
             note = r["status"].upper() + (f": {r['error']}" if r.get("error") else "")
-            print(f"| {r['strategy']} | {r['optimizer']} | {shape} | {r.get('tokens', '')} | | {peak_value} | | |"
-                  f" {note.replace('|', '/')} |")
+            print(f"| {r['path']} | {r['strategy']} | {r['optimizer']} | {shape} | {r.get('tokens', '')} | |"
+                  f" {peak_value} | | | {note.replace('|', '/')} |")
+    pairs = comparisons(rows)
+    if pairs:
+        print("\n| strategy | optimizer | giga-train step rate / GigaTrain's | giga-train peak / GigaTrain's |")
+        print("|---|---|---|---|")
+        for strategy, optimizer, theirs, ours in pairs:
+            print(f"| {strategy} | {optimizer} | {theirs['step_s'] / ours['step_s']:.2f}x |"
+                  f" {ours['peak_gib'] / theirs['peak_gib']:.2f} |")
 
 
 if __name__ == "__main__":

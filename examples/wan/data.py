@@ -1,16 +1,12 @@
-"""Precomputed training samples: one .safetensors file per clip with `latents` [C, F, H, W] (the Wan VAE's
-normalised latents) and `text_embeds` [L, 4096] (UMT5 states, L <= text_len; padded with zeros here as
-Wan's pipelines pad the prompt to 512 tokens)."""
+"""The registered dataset of precomputed training samples (the file format: samples.py)."""
 import os
 
-import torch
-from safetensors.torch import load_file, save_file
 from torch.utils.data import Dataset
 
 from giga_train import DATASETS
 from giga_train.config import ConfigError
 
-LATENTS, TEXT = "latents", "text_embeds"
+from .samples import read_sample
 
 
 def sample_files(root):
@@ -22,17 +18,6 @@ def sample_files(root):
     if not files:
         raise ConfigError(f"dataloaders.train.data_or_config.root: {root} holds no .safetensors samples")
     return [os.path.join(root, f) for f in files]
-
-
-def write_sample(path, latents, text_embeds, dtype=torch.bfloat16):
-    """Write one sample, atomically: a reader never sees half a file."""
-    if latents.dim() != 4 or text_embeds.dim() != 2:
-        raise ValueError(f"latents must be [C, F, H, W] and text_embeds [L, D], got {tuple(latents.shape)}"
-                         f" and {tuple(text_embeds.shape)}")
-    tmp = path + ".tmp"
-    save_file({LATENTS: latents.detach().to("cpu", dtype).contiguous(),
-               TEXT: text_embeds.detach().to("cpu", dtype).contiguous()}, tmp)
-    os.replace(tmp, path)
 
 
 @DATASETS.register
@@ -47,28 +32,4 @@ class WanLatentDataset(Dataset):
         return len(self.files)
 
     def __getitem__(self, index):
-        tensors = load_file(self.files[index])
-        missing = [k for k in (LATENTS, TEXT) if k not in tensors]
-        if missing:
-            raise KeyError(f"{self.files[index]}: no '{missing[0]}' tensor (has {', '.join(sorted(tensors))})")
-        text = tensors[TEXT].float()
-        if text.shape[0] > self.text_len:
-            raise ValueError(f"{self.files[index]}: {text.shape[0]} text tokens, more than text_len={self.text_len}")
-        text = torch.cat([text, text.new_zeros(self.text_len - text.shape[0], text.shape[1])])
-        return {"latents": tensors[LATENTS].float(), "text_embeds": text}
-
-
-def write_synthetic_dataset(out, num_samples, latent_shape, text_shape, seed=0, dtype=torch.bfloat16,
-                            progress=False):
-    """Random latents and text embeddings of the given shapes: stands in for encoded clips when the
-    Wan VAE and UMT5 weights are not on local disk (benchmarks, tests, smoke runs)."""
-    from tqdm import tqdm
-    os.makedirs(out, exist_ok=True)
-    generator = torch.Generator().manual_seed(seed)
-    paths = []
-    for i in tqdm(range(num_samples), desc="writing samples", disable=not progress):
-        path = os.path.join(out, f"sample_{i:06d}.safetensors")
-        write_sample(path, torch.randn(latent_shape, generator=generator),
-                     torch.randn(text_shape, generator=generator), dtype)
-        paths.append(path)
-    return paths
+        return read_sample(self.files[index], self.text_len)

@@ -23,9 +23,9 @@ config = dict(
         flow_shift=5.0,                  # Wan's shift for 480p/720p
         timestep_sampling="uniform",
     ),
-    # AdamW, not CAME8Bit: ZeRO-1..3 hand the optimizer flat 1-D partitions, and CAME8Bit needs the 2-D
-    # weight shapes for its row/column factors (giga-train refuses the pair). The FSDP2 variant uses it.
-    optimizers=dict(type="AdamW", lr=2e-5, betas=(0.9, 0.999), weight_decay=0.01, fused=True),
+    # The seed's optimizer. Under ZeRO each rank's flat partition is mapped back to the 2-D weights it covers,
+    # so the row/column factors are the whole weights' (~1 byte/param of state, not GigaTrain's fp32 fallback).
+    optimizers=dict(type="CAME8Bit", lr=2e-5, betas=(0.9, 0.999, 0.9999), weight_decay=0.01),
     schedulers=dict(type="ConstantScheduler"),
     train=dict(
         max_steps=10000,

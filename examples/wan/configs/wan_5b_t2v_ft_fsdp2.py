@@ -17,6 +17,4 @@ config = dict(
             fsdp_state_dict_type="FULL_STATE_DICT",
         ),
     ),
-    # CAME8Bit works on FSDP2's DTensor shards (2-D shapes kept): ~1 byte/param of state instead of 8.
-    optimizers=dict(type="CAME8Bit", lr=2e-5, betas=(0.9, 0.999, 0.9999), weight_decay=0.01),
 )

@@ -55,7 +55,7 @@ def _cuda():
 
 
 def build_synthetic(args):
-    from examples.wan.data import write_synthetic_dataset
+    from examples.wan.samples import write_synthetic_dataset
     try:
         latents = args.latent_shape or latent_shape(args.frames, args.height, args.width)
     except ValueError as e:
@@ -90,7 +90,7 @@ def resolve_encoder_folders(args):
 def build_encoded(args):
     from tqdm import tqdm
 
-    from examples.wan.data import write_sample
+    from examples.wan.samples import write_sample
     from examples.wan.encode import WanEncoders, find_clips, prepare_clip, read_frames
     folders = resolve_encoder_folders(args)  # before anything is read or written
     if not os.path.isdir(args.videos):
