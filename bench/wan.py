@@ -207,9 +207,11 @@ def spawn_row(spec, timeout, args):
             output = (run.stdout + run.stderr).strip().splitlines()
             if not os.path.exists(result_path) or os.path.getsize(result_path) == 0:
                 print("\n".join(output[-80:]), file=sys.stderr)
-                oom = any("out of memory" in line.lower() for line in output[-30:])
-                return dict(base, status="oom" if oom else "error",
-                            error=f"exit {run.returncode}: {output[-1] if output else ''}"[:300])
+                # the cause, not the launcher's summary after it (GigaTrain's Launcher even exits 0 then)
+                cause = next((line for line in output if "OutOfMemoryError" in line), None) or \
+                    next((line for line in reversed(output) if "Error" in line), output[-1] if output else "")
+                return dict(base, status="oom" if "OutOfMemoryError" in cause else "error",
+                            error=f"exit {run.returncode}: {cause.strip()}"[:300])
             with open(result_path) as f:
                 row = json.load(f)
             if row["status"] == "error":
