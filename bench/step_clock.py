@@ -1,6 +1,8 @@
 """One way to time training steps for both sides of bench/wan.py (our Trainer and the real GigaTrain's): a
 timestamp at each step's end after the device has finished the step's work, and the mean step over the
-second half. Both trainers call save_checkpoint_step once per optimizer step, which is where it is read."""
+second half. Both trainers call save_checkpoint_step once per optimizer step, which is where it is read.
+On CUDA it also splits the peak memory by phase (forward; backward + optimizer step), so a difference in
+peaks between the two sides points at where it comes from."""
 import time
 
 import torch
@@ -10,11 +12,28 @@ class StepClock:
     def __init__(self, device):
         self.device = torch.device(device)
         self.ends = [time.perf_counter()]
+        self.phase_peaks = {}  # phase -> the highest torch.cuda.max_memory_allocated over steps, GiB
+        self.allocated_after_step = None
+
+    def mark(self, phase):
+        """The peak since the last mark belongs to `phase` (CUDA only)."""
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**30
+            self.phase_peaks[phase] = max(peak, self.phase_peaks.get(phase, 0.0))
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def tick(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+            self.mark("backward+step")
+            self.allocated_after_step = torch.cuda.memory_allocated(self.device) / 2**30
         self.ends.append(time.perf_counter())
+
+    def memory_row(self):
+        """The row's memory fields beyond the overall peak (empty on CPU)."""
+        if not self.phase_peaks:
+            return {}
+        return dict(phase_peaks_gib=self.phase_peaks, allocated_after_step_gib=self.allocated_after_step)
 
     def mean_step_s(self):
         """Mean seconds per step over the second half of the steps (the first half warms up)."""
@@ -23,9 +42,10 @@ class StepClock:
         return sum(timed) / len(timed) if timed else float("nan")
 
 
-def peak_memory_gib(device):
-    """torch.cuda.max_memory_allocated on CUDA; the process's peak RSS on CPU."""
+def peak_memory_gib(device, clock=None):
+    """torch.cuda.max_memory_allocated on CUDA (the highest of the clock's phases when it reset it); the
+    process's peak RSS on CPU."""
     if torch.device(device).type == "cuda":
-        return torch.cuda.max_memory_allocated() / 2**30
+        return max([torch.cuda.max_memory_allocated() / 2**30, *(clock.phase_peaks.values() if clock else ())])
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux

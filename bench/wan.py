@@ -86,7 +86,9 @@ class BenchWanTrainer(WanTrainer):
             raise torch.OutOfMemoryError(f"CUDA out of memory (simulated above {limit} frames)")
         if self.clock is None:
             self.clock = StepClock(self.device)
+        self.clock.mark("start")  # the first step's: building and placing the model
         self.last_loss = super().forward_step(batch_dict)
+        self.clock.mark("forward")
         return self.last_loss
 
     def save_checkpoint_step(self):
@@ -141,14 +143,15 @@ def run_row(spec, result_path):
         data_dir = os.path.join(tmp, "data")
         row_data(spec, data_dir)
         cfg = row_config(spec, data_dir, os.path.join(tmp, "project"))
+        trainer = None
         try:
             trainer = launch_from_config(cfg)
             row = dict(status="ok", step_s=trainer.clock.mean_step_s(), loss=trainer.last_loss.item(),
-                       init_s=trainer.init_seconds, params=trainer.num_params)
+                       init_s=trainer.init_seconds, params=trainer.num_params, **trainer.clock.memory_row())
         except Exception as error:  # OOM and anything else: a row that says what happened
             row = dict(status="oom" if is_oom(error) else "error",
                        error=f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}")
-        row["peak_gib"] = peak_memory_gib(spec["device"])
+        row["peak_gib"] = peak_memory_gib(spec["device"], trainer.clock if trainer else None)
         if spec["device"] == "cuda":
             row["reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
     with open(result_path, "w") as f:

@@ -83,6 +83,7 @@ class GigaTrainWanTrainer(Trainer):
     def forward_step(self, batch_dict):
         if self.clock is None:
             self.clock = StepClock(self.device)
+        self.clock.mark("start")  # the first step's: building and placing the model
         x0 = batch_dict["latents"].float()
         noise = torch.randn_like(x0)
         sigmas = sample_sigmas(x0.shape[0], self.flow_shift, device=x0.device)
@@ -91,6 +92,7 @@ class GigaTrainWanTrainer(Trainer):
                                 timestep=timesteps_from_sigmas(sigmas),
                                 encoder_hidden_states=batch_dict["text_embeds"].to(dtype), return_dict=False)[0]
         self.last_loss = flow_matching_loss(prediction, velocity_target(x0, noise))
+        self.clock.mark("forward")
         return self.last_loss
 
     def save_checkpoint_step(self):  # timed instead: a 5B checkpoint is minutes of I/O, not the step
@@ -100,7 +102,8 @@ class GigaTrainWanTrainer(Trainer):
         super().train()
         if self.is_main_process:
             row = dict(status="ok", step_s=self.clock.mean_step_s(), loss=self.last_loss.item(),
-                       init_s=self.init_seconds, params=self.num_params, peak_gib=peak_memory_gib(self.device))
+                       init_s=self.init_seconds, params=self.num_params,
+                       peak_gib=peak_memory_gib(self.device, self.clock), **self.clock.memory_row())
             if self.device.type == "cuda":
                 row["reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
             with open(os.environ[RESULT], "w") as f:
