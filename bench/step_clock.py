@@ -1,8 +1,8 @@
 """One way to time training steps for both sides of bench/wan.py (our Trainer and the real GigaTrain's): a
 timestamp at each step's end after the device has finished the step's work, and the mean step over the
 second half. Both trainers call save_checkpoint_step once per optimizer step, which is where it is read.
-On CUDA it also splits the peak memory by phase (forward; backward + optimizer step), so a difference in
-peaks between the two sides points at where it comes from."""
+On CUDA it also splits the peak memory by phase (start, forward, backward, optimizer step), so a difference
+in peaks between the two sides points at where it comes from."""
 import time
 
 import torch
@@ -22,10 +22,22 @@ class StepClock:
             self.phase_peaks[phase] = max(peak, self.phase_peaks.get(phase, 0.0))
             torch.cuda.reset_peak_memory_stats(self.device)
 
+    def marking(self, phase, function):
+        """`function` that marks `phase` when it returns (wrapped once)."""
+        if getattr(function, "marks", None) == phase:
+            return function
+
+        def marked(*args, **kwargs):
+            result = function(*args, **kwargs)
+            self.mark(phase)
+            return result
+        marked.marks = phase
+        return marked
+
     def tick(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self.mark("backward+step")
+            self.mark("step")  # what follows the last mark: the optimizer step (with clipping)
             self.allocated_after_step = torch.cuda.memory_allocated(self.device) / 2**30
         self.ends.append(time.perf_counter())
 

@@ -91,6 +91,10 @@ class BenchWanTrainer(WanTrainer):
         self.clock.mark("forward")
         return self.last_loss
 
+    def backward_step(self, loss):
+        self.strategy.backward = self.clock.marking("backward", self.strategy.backward)
+        super().backward_step(loss)
+
     def save_checkpoint_step(self):
         self.clock.tick()
 

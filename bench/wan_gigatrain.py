@@ -95,6 +95,10 @@ class GigaTrainWanTrainer(Trainer):
         self.clock.mark("forward")
         return self.last_loss
 
+    def backward_step(self, loss):
+        self.accelerator.backward = self.clock.marking("backward", self.accelerator.backward)
+        super().backward_step(loss)
+
     def save_checkpoint_step(self):  # timed instead: a 5B checkpoint is minutes of I/O, not the step
         self.clock.tick()
 
