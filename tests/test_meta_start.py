@@ -61,7 +61,7 @@ def test_meta_model_without_init_weights_names_the_buffer(tmp_path, monkeypatch)
 
 def test_meta_model_under_one_process_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("GT_PRETRAINED", "unused")
-    with pytest.raises(ConfigError, match="only FSDP2 .* materialises it"):
+    with pytest.raises(ConfigError, match="only FSDP2 .* and DeepSpeed ZeRO-3 materialise it"):
         run(tmp_path, "MetaStart", ranks=1, distributed_type="NO")
 
 
