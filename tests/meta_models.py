@@ -109,3 +109,26 @@ class UnfilledStart(NormalStart):
     def get_models(self, model_config):
         with torch.device("meta"):
             return nn.Sequential(nn.Embedding(256, 16), Gain(16), nn.Linear(16, 256))
+
+
+class PlainLM(nn.Module):
+    """No buffers: on the meta device the Trainer's default init_weights (reset_parameters) fills it."""
+
+    def __init__(self, vocab_size=256, dim=16):
+        super().__init__()
+        self.embed, self.norm, self.head = nn.Embedding(vocab_size, dim), nn.LayerNorm(dim), nn.Linear(dim, vocab_size)
+
+    def forward(self, tokens, targets):
+        logits = self.head(self.norm(self.embed(tokens)))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+class PlainStart(NormalStart):
+    def get_models(self, model_config):
+        return PlainLM()  # from the trainer's seed, as the meta start's reset_parameters draws
+
+
+class PlainMetaStart(NormalStart):
+    def get_models(self, model_config):
+        with torch.device("meta"):
+            return PlainLM()

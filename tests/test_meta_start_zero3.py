@@ -1,5 +1,6 @@
 """Meta-device start under DeepSpeed ZeRO-3 (2 gloo ranks): rank-0 loading (zero3_init_flag, fp32 and bf16), a
-meta model filled from safetensors partition by partition, and one filled by reset_parameters hold the same
+meta model filled from safetensors partition by partition, by a user's init_weights (reset_parameters under
+GatheredParameters) and by the default init (each module's reset_parameters as it is materialised) hold the same
 weights and buffers after partitioning, and after 4 steps, as a normal ZeRO-3 start (bit-exact: the same
 tensors reach the same partitions and the same ops run on them); a module nothing fills, and the flag below
 stage 3, are refused in one line by check and train alike."""
@@ -64,6 +65,14 @@ def test_meta_model_from_reset_parameters_equals_a_normal_start(tmp_path, tmp_pa
     got = run(tmp_path, "MetaResetStart")
     assert_same_start(got, after_sharding)
     assert_same_weights(final_weights(tmp_path), weights, rtol=0, atol=0)
+
+
+def test_meta_model_from_the_default_init_equals_a_normal_start(tmp_path):
+    """The Trainer's init_weights: each module's reset_parameters as it is materialised, before partitioning."""
+    expected = run(tmp_path / "normal", "PlainStart")
+    weights = final_weights(tmp_path / "normal")
+    assert_same_start(run(tmp_path / "meta", "PlainMetaStart"), expected)
+    assert_same_weights(final_weights(tmp_path / "meta"), weights, rtol=0, atol=0)
 
 
 def test_meta_module_without_reset_parameters_is_named(tmp_path):

@@ -90,8 +90,12 @@ class MetaStart:
     def fill_by_module(self, model, device, partition):
         """ZeRO-3: module by module (parents first), its own meta tensors allocated on `device`, filled with
         rank 0's under rank-0 loading (`partition(params)` broadcasts rank 0's parameters as it partitions
-        them; buffers are broadcast here), its parameters partitioned. Then, without rank-0 loading,
-        init_weights fills the partitioned model."""
+        them; buffers are broadcast here) or by its reset_parameters() when that is the default init (whole,
+        before partitioning: nothing to gather), its parameters partitioned. Then a user's init_weights (or
+        the model's) fills the partitioned model."""
+        reset = not self.from_rank0 and self.init_weights is None and not has_own_init_weights(model)
+        if reset:
+            refuse_non_persistent_buffers(model)
         made = {}  # id(meta parameter) -> (it, its allocated replacement): a tied parameter is allocated once
         for name, module in model.named_modules():
             params, buffers = _allocate_own(module, device, made)
@@ -103,9 +107,11 @@ class MetaStart:
                         tensor.copy_(self.full.pop(key) if key in self.full else self.buffers.pop(key))
                     for _, buffer in buffers:
                         dist.broadcast(buffer, src=0)
+            elif reset:
+                reset_module(model, name, module)
             partition([p for _, p in params])
         self.full, self.buffers = {}, {}
-        if not self.from_rank0:
+        if not self.from_rank0 and not reset:
             (self.init_weights or default_init_weights)(model)
 
 
@@ -137,34 +143,46 @@ def gathered(params):
     return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
 
 
+def has_own_init_weights(model):
+    return callable(getattr(model, "init_weights", None))
+
+
 def default_init_weights(model):
     """The model's init_weights(), else every module's reset_parameters(); what neither can fill is named.
     Under ZeRO-3 a module's parameters are gathered while its reset_parameters() runs, the whole model's
     while the model's init_weights() runs (a model-wide method cannot go module by module)."""
-    if callable(getattr(model, "init_weights", None)):
+    if has_own_init_weights(model):
         with gathered(model.parameters()):
             model.init_weights()
         return
+    refuse_non_persistent_buffers(model)
+    reset_parameters(model)
+
+
+def refuse_non_persistent_buffers(model):
     buffers = list(non_persistent_buffers(model))
     if buffers:
         raise ConfigError(f"get_models built {type(model).__name__} on the meta device and its non-persistent"
                           f" buffer '{buffers[0]}' is in no state dict: define {type(model).__name__}.init_weights()"
                           " (or the Trainer's init_weights) to fill the parameters and re-create it")
-    reset_parameters(model)
 
 
 def reset_parameters(model):
     """Every module's reset_parameters() (parents first), each module's ZeRO-3 parameters gathered while it
     runs; a module with parameters of its own and no reset_parameters is named."""
     for name, module in model.named_modules():
-        if callable(getattr(module, "reset_parameters", None)):
-            with gathered(module.parameters(recurse=False)):
-                module.reset_parameters()
-        elif any(True for _ in module.parameters(recurse=False)):
-            own = next(n for n, _ in module.named_parameters(recurse=False))
-            raise ConfigError(f"get_models built {type(model).__name__} on the meta device and nothing fills"
-                              f" '{name + '.' if name else ''}{own}' ({type(module).__name__} has no"
-                              " reset_parameters): define init_weights()")
+        with gathered(module.parameters(recurse=False)):
+            reset_module(model, name, module)
+
+
+def reset_module(model, name, module):
+    if callable(getattr(module, "reset_parameters", None)):
+        module.reset_parameters()
+    elif any(True for _ in module.parameters(recurse=False)):
+        own = next(n for n, _ in module.named_parameters(recurse=False))
+        raise ConfigError(f"get_models built {type(model).__name__} on the meta device and nothing fills"
+                          f" '{name + '.' if name else ''}{own}' ({type(module).__name__} has no"
+                          " reset_parameters): define init_weights()")
 
 
 def load_safetensors_shards(model, path):
