@@ -33,7 +33,11 @@ from giga_train.distributed.meta_start import gathered  # noqa: E402
 
 # ~52M parameters (210 MB fp32): big enough that a whole copy per rank shows beside torch's own ~0.4 GB
 BENCH_SHAPES = dict(SHAPES, cpu200=replace(SHAPES["tiny"], dim=768, layers=4, heads=12, kv_heads=12, ffn=2048,
-                                            vocab=16000, seq=32, batch=1))
+                                            vocab=16000, seq=32, batch=1),
+                    # ~187M parameters (0.70 GB fp32), 12 layers: the model well above DeepSpeed's fixed host cost,
+                    # its largest module (the 16000-row embedding, 9% of it) well below the model
+                    cpu700=replace(SHAPES["tiny"], dim=1024, layers=12, heads=16, kv_heads=16, ffn=2816, vocab=16000,
+                                   seq=32, batch=1))
 
 
 def status_kb(key):

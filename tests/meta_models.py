@@ -132,3 +132,21 @@ class PlainMetaStart(NormalStart):
     def get_models(self, model_config):
         with torch.device("meta"):
             return PlainLM()
+
+
+class SelfInitLM(RotaryLM):
+    """A model with its own init_weights(), written for a whole model (no ZeRO-3 gathering of its own)."""
+
+    def init_weights(self):
+        torch.manual_seed(0)
+        for module in self.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+        for block in self.blocks:
+            block.inv_freq.copy_(Block.frequencies(block.inv_freq.numel()))
+
+
+class SelfInitStart(NormalStart):
+    def get_models(self, model_config):
+        with torch.device("meta"):
+            return SelfInitLM()

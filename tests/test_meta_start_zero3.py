@@ -1,6 +1,7 @@
 """Meta-device start under DeepSpeed ZeRO-3 (2 gloo ranks): rank-0 loading (zero3_init_flag, fp32 and bf16), a
-meta model filled from safetensors partition by partition, by a user's init_weights (reset_parameters under
-GatheredParameters) and by the default init (each module's reset_parameters as it is materialised) hold the same
+meta model filled from safetensors partition by partition, by a Trainer's init_weights (reset_parameters under
+GatheredParameters), by the model's own init_weights (the whole model gathered) and by the default init (each
+module's reset_parameters as it is materialised) hold the same
 weights and buffers after partitioning, and after 4 steps, as a normal ZeRO-3 start (bit-exact: the same
 tensors reach the same partitions and the same ops run on them); a module nothing fills, and the flag below
 stage 3, are refused in one line by check and train alike."""
@@ -64,6 +65,13 @@ def test_meta_model_from_reset_parameters_equals_a_normal_start(tmp_path, tmp_pa
     monkeypatch.setenv("GT_PRETRAINED", "unused")
     got = run(tmp_path, "MetaResetStart")
     assert_same_start(got, after_sharding)
+    assert_same_weights(final_weights(tmp_path), weights, rtol=0, atol=0)
+
+
+def test_meta_model_with_its_own_init_weights_equals_a_normal_start(tmp_path, tmp_path_factory):
+    """The model's init_weights() runs with the whole model gathered (it is written for a whole model)."""
+    after_sharding, weights = normal(tmp_path_factory)
+    assert_same_start(run(tmp_path, "SelfInitStart"), after_sharding)
     assert_same_weights(final_weights(tmp_path), weights, rtol=0, atol=0)
 
 
