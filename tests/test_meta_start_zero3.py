@@ -1,10 +1,10 @@
-"""Meta-device start under DeepSpeed ZeRO-3 (2 gloo ranks): rank-0 loading (zero3_init_flag, fp32 and bf16), a
-meta model filled from safetensors partition by partition, by a Trainer's init_weights (reset_parameters under
-GatheredParameters), by the model's own init_weights (the whole model gathered) and by the default init (each
-module's reset_parameters as it is materialised) hold the same
-weights and buffers after partitioning, and after 4 steps, as a normal ZeRO-3 start (bit-exact: the same
-tensors reach the same partitions and the same ops run on them); a module nothing fills, and the flag below
-stage 3, are refused in one line by check and train alike."""
+"""Meta-device start under DeepSpeed ZeRO-3 (2 gloo ranks). Rank-0 loading (zero3_init_flag, fp32 and bf16) and
+a meta model filled from safetensors partition by partition, by a Trainer's init_weights (reset_parameters
+under GatheredParameters), by the model's own init_weights (the whole model gathered) or by the default init
+(each module's reset_parameters as it is materialised) hold the same weights and buffers after partitioning,
+and after 4 steps, as a normal ZeRO-3 start: bit-exact, since the same values reach the same partitions and
+the same ops run on them. A module nothing fills, the flag below stage 3 (check and train alike) and a meta
+model below stage 3 are refused in one line."""
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -86,6 +86,13 @@ def test_meta_model_from_the_default_init_equals_a_normal_start(tmp_path):
 def test_meta_module_without_reset_parameters_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"nothing fills '1.scale' \(Gain has no reset_parameters\)"):
         run(tmp_path, "UnfilledStart", ranks=1)
+
+
+def test_meta_model_below_stage_3_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("GT_PRETRAINED", "unused")
+    cfg = zero3_job(tmp_path, "MetaStart", ranks=1, stage=2)
+    with pytest.raises(ConfigError, match="only FSDP2 .* and DeepSpeed ZeRO-3 materialise it .* DeepSpeedStrategy"):
+        launch_from_config(cfg)
 
 
 def test_check_and_train_agree_on_zero3_init_flag(tmp_path, capsys):

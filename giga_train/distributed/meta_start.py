@@ -12,10 +12,10 @@ Filled from one of two sources:
   weights are broadcast tensor by tensor into every rank's shard or partition, its non-persistent buffers
   (rotary tables...) whole. Rank 0 holds the model once plus its shard.
 - otherwise (get_models built on the meta device itself): `Trainer.init_weights(model)` once the model is
-  sharded or partitioned, by default the model's own `init_weights()`, else every module's
-  `reset_parameters()` (under ZeRO-3 each module's parameters gathered while it runs, rank 0's values kept).
-  Pretrained weights can be read piece by piece from safetensors there with `load_safetensors_shards` (each
-  rank reads its rows or its partition only).
+  sharded or partitioned, by default the model's own `init_weights()` (under ZeRO-3 with the whole model
+  gathered), else every module's `reset_parameters()` (under ZeRO-3 on each module as it is materialised,
+  before it is partitioned). Pretrained weights can be read piece by piece from safetensors there with
+  `load_safetensors_shards` (each rank reads its rows or its partition only).
 Non-persistent buffers are not in a state dict: after allocation they hold garbage until init_weights
 re-creates them, so a model that has some must define init_weights (said in one line otherwise)."""
 import contextlib
