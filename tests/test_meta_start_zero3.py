@@ -1,5 +1,5 @@
-"""Meta-device start under DeepSpeed ZeRO-3 (2 gloo ranks). Rank-0 loading (zero3_init_flag, fp32 and bf16) and
-a meta model filled from safetensors partition by partition, by a Trainer's init_weights (reset_parameters
+"""Meta-device start under DeepSpeed ZeRO-3 (2 gloo ranks). Rank-0 loading (zero3_init_flag) and a meta model
+filled from safetensors partition by partition (both in fp32 and bf16), by a Trainer's init_weights (reset_parameters
 under GatheredParameters), by the model's own init_weights (the whole model gathered) or by the default init
 (each module's reset_parameters as it is materialised) hold the same weights and buffers after partitioning,
 and after 4 steps, as a normal ZeRO-3 start: bit-exact, since the same values reach the same partitions and
@@ -51,11 +51,13 @@ def test_rank0_loading_equals_a_normal_start(tmp_path, tmp_path_factory, mixed_p
     assert_same_weights(final_weights(tmp_path), weights, rtol=0, atol=0)
 
 
-def test_meta_model_from_safetensors_partitions_equals_a_normal_start(tmp_path, tmp_path_factory, monkeypatch):
-    after_sharding, weights = normal(tmp_path_factory)
+@pytest.mark.parametrize("mixed_precision", ["no", "bf16"])  # bf16: fp32 file rows cast into bf16 partitions
+def test_meta_model_from_safetensors_partitions_equals_a_normal_start(tmp_path, tmp_path_factory, monkeypatch,
+                                                                      mixed_precision):
+    after_sharding, weights = normal(tmp_path_factory, mixed_precision)
     save_file(build_model().state_dict(), str(tmp_path / "pretrained.safetensors"))
     monkeypatch.setenv("GT_PRETRAINED", str(tmp_path / "pretrained.safetensors"))
-    got = run(tmp_path, "MetaStart")
+    got = run(tmp_path, "MetaStart", mixed_precision=mixed_precision)
     assert_same_start(got, after_sharding)
     assert_same_weights(final_weights(tmp_path), weights, rtol=0, atol=0)
 
@@ -99,7 +101,8 @@ def test_check_and_train_agree_on_zero3_init_flag(tmp_path, capsys):
     """Refused by both below stage 3; accepted by check at stage 3, where train runs it (above)."""
     def config(stage):
         path = tmp_path / f"zero{stage}.py"
-        path.write_text(f"config = {zero3_job(tmp_path / 'run', 'Rank0Start', stage=stage, zero3_init_flag='true')!r}\n")
+        cfg = zero3_job(tmp_path / "run", "Rank0Start", stage=stage, zero3_init_flag="true")
+        path.write_text(f"config = {cfg!r}\n")
         return str(path)
     assert [main([command, config(2)]) for command in ("check", "train")] == [2, 2]
     err = capsys.readouterr().err
