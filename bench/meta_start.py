@@ -1,13 +1,16 @@
-"""Meta-device start (issue 20 item 1): peak host RSS per rank and start time of an FSDP2 job, today's path
-(every rank builds the whole model on the CPU, then shards it) against rank-0 loading
-(fsdp_cpu_ram_efficient_loading: ranks > 0 build on meta, rank 0's weights are broadcast) and a meta start
-(every rank builds on meta; each fills its shard, from a safetensors file read shard by shard, or by
-initialising on the device).
+"""Meta-device start (issue 20 item 1): peak host RSS per rank and start time of an FSDP2 or DeepSpeed ZeRO-3
+job, today's path (every rank builds the whole model on the CPU, then shards it) against rank-0 loading
+(fsdp_cpu_ram_efficient_loading / zero3_init_flag: ranks > 0 build on meta, rank 0's weights are broadcast)
+and a meta start (every rank builds on meta; each fills its shard or partition, from a safetensors file read
+piece by piece, or by initialising on the device).
 
-Peak RSS is /proc/self/status VmHWM of each rank, read right after sharding (the start) and after one step;
-"start" is the time from the Trainer's construction to the end of sharding. Writes a table and JSON.
+Peak RSS is /proc/self/status VmHWM of each rank, read once the model is materialised (get_optimizers, before
+the engine: DeepSpeed's ZeRO-3 engine allocates its own buffers after that), right after sharding (the start)
+and after one step; "start" is the time from the Trainer's construction to the end of sharding. Writes a
+table and JSON.
 
     python3 bench/meta_start.py --shape cpu200 --ranks 2 --device cpu              # the CPU table
+    python3 bench/meta_start.py --shape cpu200 --ranks 2 --device cpu --strategy zero3 --out bench/meta_start_zero3.json
     python3 bench/meta_start.py --shape 8b --ranks 1 --device cuda --modes today,meta_init  # one H200
 """
 import argparse
@@ -26,10 +29,15 @@ sys.path.insert(0, ROOT)
 
 from bench.llama import SHAPES, Llama, SyntheticTokens, rope_tables  # noqa: E402
 from giga_train import Trainer, launch_from_config, load_safetensors_shards  # noqa: E402
+from giga_train.distributed.meta_start import gathered  # noqa: E402
 
 # ~52M parameters (210 MB fp32): big enough that a whole copy per rank shows beside torch's own ~0.4 GB
 BENCH_SHAPES = dict(SHAPES, cpu200=replace(SHAPES["tiny"], dim=768, layers=4, heads=12, kv_heads=12, ffn=2048,
-                                            vocab=16000, seq=32, batch=1))
+                                            vocab=16000, seq=32, batch=1),
+                    # ~187M parameters (0.70 GB fp32), 12 layers: the model well above DeepSpeed's fixed host cost,
+                    # its largest module (the 16000-row embedding, 9% of it) well below the model
+                    cpu700=replace(SHAPES["tiny"], dim=1024, layers=12, heads=16, kv_heads=16, ffn=2816, vocab=16000,
+                                   seq=32, batch=1))
 
 
 def status_kb(key):
@@ -60,13 +68,18 @@ class MetaBenchTrainer(Trainer):
             load_safetensors_shards(model, self.pretrained)
         else:  # meta_init: initialised where the shard lives (the GPU), as Llama.__init__ does on the CPU
             for module in model.modules():
-                if isinstance(module, (nn.Linear, nn.Embedding)):
-                    nn.init.normal_(module.weight, std=0.02)
-                elif hasattr(module, "eps"):
-                    nn.init.ones_(module.weight)
+                with gathered(module.parameters(recurse=False)):  # ZeRO-3: one module's parameters whole
+                    if isinstance(module, (nn.Linear, nn.Embedding)):
+                        nn.init.normal_(module.weight, std=0.02)
+                    elif hasattr(module, "eps"):
+                        nn.init.ones_(module.weight)
         cos, sin = rope_tables(self.shape.seq, self.shape.head_dim)  # non-persistent buffers
         model.cos.copy_(cos)
         model.sin.copy_(sin)
+
+    def get_optimizers(self, optimizers):  # the model is materialised; the engine is not built yet
+        self.hwm_model_kb = status_kb("VmHWM")
+        return super().get_optimizers(optimizers)
 
     def set_ema_models(self):  # right after sharding
         self.started_s = time.perf_counter() - self.constructed
@@ -83,6 +96,7 @@ class MetaBenchTrainer(Trainer):
         super().print_after_train()
         result = dict(rank=self.rank, mode=self.mode, start_s=round(self.started_s, 2),
                       rss_before_model_gb=round(self.rss_before_model_kb / 2**20, 3),
+                      hwm_model_gb=round(self.hwm_model_kb / 2**20, 3),
                       hwm_start_gb=round(self.hwm_start_kb / 2**20, 3),
                       rss_after_sharding_gb=round(self.rss_start_kb / 2**20, 3),
                       hwm_after_step_gb=round(status_kb("VmHWM") / 2**20, 3))
@@ -90,11 +104,18 @@ class MetaBenchTrainer(Trainer):
             json.dump(result, f)
 
 
-def run(mode, shape, ranks, device, pretrained=None):
+def launch_config(strategy, mode, ranks):
+    if strategy == "zero3":
+        return dict(distributed_type="DEEPSPEED", num_processes=ranks,
+                    deepspeed_config=dict(deepspeed_config_file="zero3.json", zero3_init_flag=mode == "rank0"))
+    fsdp = dict(fsdp_version=2, fsdp_transformer_layer_cls_to_wrap="Block",
+                fsdp_cpu_ram_efficient_loading=mode == "rank0")
+    return dict(distributed_type="FSDP", num_processes=ranks, fsdp_config=fsdp)
+
+
+def run(mode, shape, ranks, device, pretrained=None, strategy="fsdp2"):
     with tempfile.TemporaryDirectory(prefix="bench_meta_") as project:
-        fsdp = dict(fsdp_version=2, fsdp_transformer_layer_cls_to_wrap="Block",
-                    fsdp_cpu_ram_efficient_loading=mode == "rank0")
-        launch = dict(distributed_type="FSDP", num_processes=ranks, fsdp_config=fsdp)
+        launch = launch_config(strategy, mode, ranks)
         cfg = dict(runners=["bench.meta_start.MetaBenchTrainer"], project_dir=project, launch=launch,
                    dataloaders=dict(train=dict(data_or_config=SyntheticTokens(8 * ranks, shape.seq, shape.vocab),
                                                batch_size_per_gpu=1, num_workers=0)),
@@ -113,6 +134,7 @@ def main():
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--modes", default="today,rank0,meta_safetensors")
+    parser.add_argument("--strategy", default="fsdp2", choices=("fsdp2", "zero3"))
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "meta_start.json"))
     args = parser.parse_args()
     shape = replace(BENCH_SHAPES[args.shape], seq=min(BENCH_SHAPES[args.shape].seq, 128), batch=1)
@@ -125,21 +147,21 @@ def main():
         pretrained = os.path.join(pretrained_dir, "model.safetensors")
         save_file(Llama(shape).state_dict(), pretrained)
     for mode in args.modes.split(","):
-        for r in run(mode, shape, args.ranks, args.device, pretrained):
+        for r in run(mode, shape, args.ranks, args.device, pretrained, args.strategy):
             rows.append(r)
             print(json.dumps(r), flush=True)
     if pretrained:
         os.remove(pretrained)
     os.rmdir(pretrained_dir)
     result = dict(shape=args.shape, params=params, weights_gb_fp32=round(params * 4 / 2**30, 3), ranks=args.ranks,
-                  device=args.device, torch=torch.__version__, rows=rows)
+                  device=args.device, strategy=args.strategy, torch=torch.__version__, rows=rows)
     print(f"\n{args.shape}: {params / 1e6:.1f}M parameters ({params * 4 / 2**30:.2f} GB fp32), {args.ranks} ranks,"
-          f" {args.device}\n")
-    print("| start | rank | start s | RSS before get_models GB | RSS after sharding GB | peak RSS to there GB"
-          " | peak RSS after 1 step GB |")
-    print("|---|---|---|---|---|---|---|")
+          f" {args.device}, {args.strategy}\n")
+    print("| start | rank | start s | RSS before get_models GB | peak RSS to the model materialised GB"
+          " | RSS after sharding GB | peak RSS to there GB | peak RSS after 1 step GB |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['mode']} | {r['rank']} | {r['start_s']} | {r['rss_before_model_gb']} |"
+        print(f"| {r['mode']} | {r['rank']} | {r['start_s']} | {r['rss_before_model_gb']} | {r['hwm_model_gb']} |"
               f" {r['rss_after_sharding_gb']} | {r['hwm_start_gb']} | {r['hwm_after_step_gb']} |")
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

@@ -193,6 +193,15 @@ OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
 def normalise_deepspeed(user, train):
+    """launch.deepspeed_config, with `zero3_init_flag` (Accelerate's key, in either form) kept beside the result
+    when true: here it asks for rank-0 loading under ZeRO-3 (distributed/meta_start.py)."""
+    user = dict(user or {})
+    rank0 = as_bool("launch.deepspeed_config.zero3_init_flag", user.pop("zero3_init_flag", False))
+    ds = _deepspeed_without_init_flag(user, train)
+    return dict(ds or {}, zero3_init_flag=True) if rank0 else ds
+
+
+def _deepspeed_without_init_flag(user, train):
     """launch.deepspeed_config: Accelerate's plugin keys -> {'deepspeed_config_file': ...} or an inline DeepSpeed
     dict, which distributed/deepspeed_config.py resolves against the train config. A dict with none of the plugin
     keys is an inline DeepSpeed config already (our own form) and is returned unchanged.
@@ -217,9 +226,6 @@ def normalise_deepspeed(user, train):
                               " machine with launch.machine_rank (or under SLURM/torchrun); remove it")
     if user.get("deepspeed_moe_layer_cls_names") is not None:
         raise ConfigError(f"{at('deepspeed_moe_layer_cls_names')}: DeepSpeed MoE leaf modules are not implemented")
-    if as_bool(at("zero3_init_flag"), user.get("zero3_init_flag", False)):
-        raise ConfigError(f"{at('zero3_init_flag')}: building the model under deepspeed.zero.Init is not"
-                          " implemented (get_models builds it whole, then ZeRO-3 partitions it); set it false")
     clipping = None
     if user.get("gradient_clipping") is not None:
         clipping = as_float(at("gradient_clipping"), user["gradient_clipping"])

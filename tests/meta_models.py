@@ -1,6 +1,7 @@
 """A model with a non-persistent buffer (a rotary-style frequency table) and the trainers of the meta-start
-tests: a normal start, rank-0 loading (fsdp_cpu_ram_efficient_loading) and a meta start filled from
-safetensors shard by shard. Each writes, after sharding, the full weights and its rank's buffers."""
+tests: a normal start, rank-0 loading (fsdp_cpu_ram_efficient_loading, zero3_init_flag), a meta start filled
+from safetensors piece by piece, and one filled by reset_parameters. Each writes, after sharding, the full
+weights and its rank's buffers."""
 import os
 
 import torch
@@ -8,6 +9,7 @@ from torch import nn
 
 from examples.char_lm import data  # noqa: F401  (registers StdlibText)
 from giga_train import Trainer, load_safetensors_shards
+from giga_train.distributed.meta_start import reset_parameters
 
 
 class Block(nn.Module):
@@ -60,7 +62,7 @@ class NormalStart(Trainer):
 
 
 class Rank0Start(NormalStart):
-    """Built as a normal start; under fsdp_cpu_ram_efficient_loading ranks > 0 build it on meta."""
+    """Built as a normal start; under rank-0 loading ranks > 0 build it on meta."""
 
     def get_models(self, model_config):
         model = build_model()
@@ -80,3 +82,71 @@ class MetaStart(NormalStart):
         load_safetensors_shards(model, self.pretrained)
         for block in model.blocks:
             block.inv_freq.copy_(Block.frequencies(block.inv_freq.numel()))
+
+
+class MetaResetStart(MetaStart):
+    """Built on the meta device; filled by every module's reset_parameters from build_model's seed, which
+    draws the same numbers in the same order as the modules' constructors did."""
+
+    def init_weights(self, model):
+        torch.manual_seed(0)
+        reset_parameters(model)
+        for block in model.blocks:
+            block.inv_freq.copy_(Block.frequencies(block.inv_freq.numel()))
+
+
+class Gain(nn.Module):
+    """A parameter of its own and no reset_parameters: nothing fills it on the meta device."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(dim))
+
+
+class UnfilledStart(NormalStart):
+    """Built on the meta device with a Gain module, filled by the Trainer's default init_weights."""
+
+    def get_models(self, model_config):
+        with torch.device("meta"):
+            return nn.Sequential(nn.Embedding(256, 16), Gain(16), nn.Linear(16, 256))
+
+
+class PlainLM(nn.Module):
+    """No buffers: on the meta device the Trainer's default init_weights (reset_parameters) fills it."""
+
+    def __init__(self, vocab_size=256, dim=16):
+        super().__init__()
+        self.embed, self.norm, self.head = nn.Embedding(vocab_size, dim), nn.LayerNorm(dim), nn.Linear(dim, vocab_size)
+
+    def forward(self, tokens, targets):
+        logits = self.head(self.norm(self.embed(tokens)))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+class PlainStart(NormalStart):
+    def get_models(self, model_config):
+        return PlainLM()  # from the trainer's seed, as the meta start's reset_parameters draws
+
+
+class PlainMetaStart(NormalStart):
+    def get_models(self, model_config):
+        with torch.device("meta"):
+            return PlainLM()
+
+
+class SelfInitLM(RotaryLM):
+    """A model with its own init_weights(), written for a whole model (no ZeRO-3 gathering of its own)."""
+
+    def init_weights(self):
+        torch.manual_seed(0)
+        for module in self.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+        for block in self.blocks:
+            block.inv_freq.copy_(Block.frequencies(block.inv_freq.numel()))
+
+
+class SelfInitStart(NormalStart):
+    def get_models(self, model_config):
+        with torch.device("meta"):
+            return SelfInitLM()

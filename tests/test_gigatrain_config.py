@@ -423,13 +423,18 @@ def test_deepspeed_plugin_keys_build_the_deepspeed_json():
     assert normalise_deepspeed(inline, train) == inline  # keys of both forms: DeepSpeed's own keys decide
     assert normalise_deepspeed(dict(gradient_clipping=0.5), Train(gradient_accumulation_steps=1, max_grad_norm=None)
                                )["zero_optimization"] == dict(stage=2)  # Accelerate's form: its default stage
+    # zero3_init_flag (rank-0 loading under ZeRO-3) is kept beside either form, and only when true
+    assert normalise_deepspeed(dict(zero_stage=3, zero3_init_flag="true"), train)["zero3_init_flag"] is True
+    assert normalise_deepspeed(dict(deepspeed_config_file="zero3.json", zero3_init_flag=True), train) == dict(
+        deepspeed_config_file="zero3.json", zero3_init_flag=True)
+    assert normalise_deepspeed(dict(inline, zero3_init_flag=True), train) == dict(inline, zero3_init_flag=True)
 
 
 @pytest.mark.parametrize("given, message", [
     (dict(deepspeed_config_file="zero2.json", zero_stage=3), "zero_stage: set it inside deepspeed_config_file"),
     (dict(zero_stage=2, zero_optimization={}), "zero_optimization: unknown key"),
     (dict(zero_stage=5), "zero_stage: 5 is not 0, 1, 2 or 3"),
-    (dict(zero_stage=3, zero3_init_flag=True), "zero3_init_flag: building the model under deepspeed.zero.Init"),
+    (dict(zero_stage=3, zero3_init_flag="maybe"), "zero3_init_flag: expected true/false"),
     (dict(zero_stage=2, offload_optimizer_device="disk"), "'disk' is not one of NONE, CPU, NVME"),
     (dict(zero_stage=2, offload_param_device="nvme"), "offload_param_nvme_path: offload to nvme needs a folder"),
     (dict(zero_stage=2, gradient_clipping=0.5), "gradient_clipping=0.5 disagrees with train.max_grad_norm=1.0"),

@@ -61,7 +61,7 @@ def test_meta_model_without_init_weights_names_the_buffer(tmp_path, monkeypatch)
 
 def test_meta_model_under_one_process_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("GT_PRETRAINED", "unused")
-    with pytest.raises(ConfigError, match="only FSDP2 .* materialises it"):
+    with pytest.raises(ConfigError, match="only FSDP2 .* and DeepSpeed ZeRO-3 materialise it"):
         run(tmp_path, "MetaStart", ranks=1, distributed_type="NO")
 
 
@@ -85,3 +85,9 @@ def test_safetensors_reader_casts_and_names_what_is_missing(tmp_path):
     save_file(half, str(tmp_path / "model.safetensors"))
     with pytest.raises(ConfigError, match="holds no tensor 'head.bias'"):
         load_safetensors_shards(model, str(tmp_path / "model.safetensors"))
+
+
+def test_meta_model_with_fsdp1_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("GT_PRETRAINED", "unused")
+    with pytest.raises(ConfigError, match="only FSDP2 .* materialise it .* under FSDP1Strategy"):
+        run(tmp_path, "MetaStart", ranks=1, fsdp_version=1)

@@ -15,7 +15,9 @@ PACKAGE_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "acce
 
 def read_deepspeed_config(deepspeed_config):
     """(the DeepSpeed dict, where it came from) from launch.deepspeed_config."""
-    deepspeed_config = dict(deepspeed_config or {"deepspeed_config_file": "zero2.json"})
+    deepspeed_config = dict(deepspeed_config or {})
+    deepspeed_config.pop("zero3_init_flag", None)  # ours (rank-0 loading), beside DeepSpeed's own keys
+    deepspeed_config = deepspeed_config or {"deepspeed_config_file": "zero2.json"}
     if "deepspeed_config_file" not in deepspeed_config:
         return copy.deepcopy(deepspeed_config), "launch.deepspeed_config"
     name = deepspeed_config["deepspeed_config_file"]
@@ -34,6 +36,10 @@ def read_deepspeed_config(deepspeed_config):
 
 def resolve_deepspeed_config(deepspeed_config, train, micro_batch, world_size):
     ds, source = read_deepspeed_config(deepspeed_config)
+    stage = ds.get("zero_optimization", {}).get("stage", 0)
+    if (deepspeed_config or {}).get("zero3_init_flag") and stage != 3:
+        raise ConfigError(f"launch.deepspeed_config.zero3_init_flag: rank-0 loading partitions the model as ZeRO-3"
+                          f" does, and {source} sets ZeRO stage {stage}; use stage 3 or remove the flag")
     for section in ("optimizer", "scheduler"):
         if section in ds:
             raise ConfigError(f"{source}: remove '{section}': giga-train builds it from the config's"

@@ -41,15 +41,15 @@ def parallelize(model, strategy, train, fsdp_config, make_optimizer, checkpoint=
     """Transform `model` as the train config says and hand it to `strategy`; returns (model, optimizer).
     `make_optimizer(module)` builds the optimizer over the module the engine steps. `checkpoint(model)` and
     `float8(model)` replace the default activation checkpointing and fp8 conversion (the Trainer's hooks,
-    which a project may override). A model on the meta device, or any with `from_rank0` (rank-0 loading:
-    rank 0's weights are broadcast), is materialised shard by shard (meta_start.py), by `init_weights(model)`
-    when not from rank 0."""
+    which a project may override). A model on the meta device, or any with `from_rank0` (the key that asked
+    for rank-0 loading: rank 0's weights are broadcast), is materialised piece by piece (meta_start.py), by
+    `init_weights(model)` when not from rank 0."""
     meta_start = None
     if from_rank0 or on_meta(model):
         if not strategy.starts_from_meta:
             raise ConfigError(f"get_models built {type(model).__name__} on the meta device: only FSDP2"
-                              " (distributed_type='FSDP', fsdp_version=2) materialises it shard by shard; build"
-                              f" it on a device under {type(strategy).__name__}")
+                              " (distributed_type='FSDP', fsdp_version=2) and DeepSpeed ZeRO-3 materialise it"
+                              f" piece by piece; build it on a device under {type(strategy).__name__}")
         meta_start = MetaStart(model, from_rank0, strategy.env.rank, init_weights)
     plan = plan_blocks(model, train, fsdp_config)
     if checkpoint is not None:

@@ -113,7 +113,8 @@ class Trainer(CheckpointHooks, Runner):
         self._models[0], _ = parallelize(  # the engine's optimizer (one, or an OptimizerGroup) is the strategy's
             self._models[0], self.strategy, train, self.config.launch.fsdp_config, make_optimizers,
             checkpoint=lambda model: self.apply_activation_checkpointing([model]),
-            float8=lambda model: self.apply_fp8([model]), init_weights=self.init_weights,
+            float8=lambda model: self.apply_fp8([model]),
+            init_weights=None if type(self).init_weights is Trainer.init_weights else self.init_weights,
             from_rank0=rank0_loading(self.config.launch))
         self.set_ema_models()
         self._schedulers = as_list(self.get_schedulers(schedulers))
@@ -147,9 +148,11 @@ class Trainer(CheckpointHooks, Runner):
         raise NotImplementedError(f"{type(self).__name__} must define get_models(self, model_config)")
 
     def init_weights(self, model):
-        """Fill a model that get_models built on the meta device, once sharded (FSDP2): each rank's shard is
-        allocated, uninitialised. Default: the model's init_weights(), else each module's reset_parameters().
-        Pretrained weights: giga_train.load_safetensors_shards(model, path) reads each rank's rows only."""
+        """Fill a model that get_models built on the meta device, once sharded (FSDP2) or partitioned (ZeRO-3):
+        each rank's piece is allocated, uninitialised. Default: the model's init_weights(), else each module's
+        reset_parameters() (under ZeRO-3 as each module is materialised). Pretrained weights:
+        giga_train.load_safetensors_shards(model, path) reads each rank's rows or partition only. Under ZeRO-3
+        change a parameter in place inside deepspeed.zero.GatheredParameters(params, modifier_rank=0)."""
         default_init_weights(model)
 
     def set_ema_models(self):

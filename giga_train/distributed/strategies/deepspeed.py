@@ -28,16 +28,26 @@ class DeepSpeedStrategy(Strategy):
         init_process_group(env)
         self.precision.scaler = None  # the engine scales fp16 losses itself
         self._accumulating = False
-
-    def setup(self, model, make_optimizer):
-        import deepspeed
         self.ds_config = resolve_deepspeed_config(self.launch.deepspeed_config, self.train,
                                                   self.micro_batch_size, self.env.world_size)
         self.stage = int(self.ds_config.get("zero_optimization", {}).get("stage", 0))
+
+    @property
+    def starts_from_meta(self):
+        return self.stage == 3  # partitioned module by module as it is materialised (meta_start.py)
+
+    def setup(self, model, make_optimizer, meta_start=None):
+        """`meta_start` (a MetaStart, ZeRO-3): the model is on the meta device; it is materialised and
+        partitioned module by module before the engine is built."""
+        import deepspeed
         if self.stage == 3 and self.train.with_ema:
             raise ConfigError("train.with_ema: not available under ZeRO-3 (parameters are partitioned);"
                               " use FSDP (fsdp_version=2) or ZeRO-0/1/2")
-        model.to(self.device)
+        self._added_env = _set_launcher_variables(self.env)  # deepspeed.zero.Init reads them too
+        if meta_start is None:
+            model.to(self.device)
+        else:
+            meta_start.fill_by_module(model, self.device, self._zero3_partition())
         optimizer = make_optimizer(model)
         if len(getattr(optimizer, "optimizers", ())) > 1:  # an OptimizerGroup
             raise ConfigError("get_optimizers: DeepSpeed steps one optimizer; give one optimizer several param"
@@ -52,13 +62,31 @@ class DeepSpeedStrategy(Strategy):
         self.model, self.optimizer = model, optimizer  # the torch optimizer: our scheduler sets its groups' lr
         names, groups = super().optimizer_layout()
         self._layout = names, [dict(g, params=list(g["params"])) for g in groups]
-        self._added_env = _set_launcher_variables(self.env)
         self.model, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config,
                                                    dist_init_required=False)
         bind = getattr(optimizer, "bind_deepspeed", None)  # CAME8Bit: which weight pieces each flat partition holds
         if bind is not None:
             bind(self.model.optimizer, model.named_parameters())
         return self.model, self.optimizer
+
+    def _zero3_partition(self):
+        """partition(params): parameters made ZeRO-3 ones as deepspeed.initialize makes those of a model built
+        whole: cast to the engine's dtype, rank 0's values broadcast, each rank keeping its partition. Made
+        through deepspeed.zero.Init(module=...), which also swaps in ZeRO-3's memory-efficient F.linear as
+        initialize does, so both starts run the same ops; the engine then takes the converted parameters as
+        they are (its `ds_id` check)."""
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
+        # as initialize does first: DeepSpeed's comm over our process group (its config reads the world size)
+        deepspeed.init_distributed(get_accelerator().communication_backend_name(), dist_init_required=False)
+        init = deepspeed.zero.Init(module=torch.nn.Module(), config_dict_or_path=self.ds_config)
+
+        def partition(params):
+            for p in params:
+                if p.is_floating_point():
+                    p.data = p.data.to(init.dtype)
+            init._convert_to_zero_parameters(params)  # what Init(module=m) runs over m.parameters()
+        return partition
 
     def unwrap(self):
         return getattr(self.model, "module", self.model)  # the module itself until deepspeed.initialize

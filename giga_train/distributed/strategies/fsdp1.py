@@ -11,6 +11,8 @@ from .fsdp2 import FSDP2Strategy
 
 
 class FSDP1Strategy(FSDP2Strategy):
+    starts_from_meta = False  # FullyShardedDataParallel would need param_init_fn and sync_module_states
+
     def gathers_float8_weights(self):
         return False
 
