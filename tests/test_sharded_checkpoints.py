@@ -14,8 +14,11 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from giga_train import launch_from_config
-from giga_train.checkpoint import list_checkpoints, read_weights
+from giga_train.checkpoint import list_checkpoints, read_meta, read_weights
 from giga_train.checkpoint.convert import convert
+from giga_train.checkpoint.layout import write_shards
+from giga_train.checkpoint.manager import weights_finite
+from giga_train.checkpoint.portable import read_dcp_whole
 from giga_train.checkpoint.safe_unpickle import load_metadata
 from giga_train.export import read_weights as export_weights
 from tests.distributed import job
@@ -100,6 +103,7 @@ def test_sharded_checkpoints_resume_exactly_and_gather_nothing(tmp_path_factory,
     # FULL gathers at every checkpoint (on every rank: the collective), SHARDED never
     assert all(all(n > 0 for n in counts) for counts in gathers(full).values()) and len(gathers(full)) == 2
     assert gathers(sharded) == {"gathers_0.json": [0, 0], "gathers_1.json": [0, 0]}  # steps 2 and 4
+    assert all(read_meta(path)["finite"] is True for path in checkpoints(sharded).values())  # for rotation
     # and no whole-model file: one shard file per rank, each holding about half of the model's bytes
     folder = checkpoints(sharded)[4]
     assert not glob.glob(os.path.join(folder, "**", "*.safetensors"), recursive=True)
@@ -165,3 +169,13 @@ def test_export_of_a_sharded_checkpoint_equals_the_full_ones(tmp_path):
     assert not glob.glob(os.path.join(checkpoints(tmp_path / "SHARDED_STATE_DICT")[2], "model"))
     assert_equal(exported["SHARDED_STATE_DICT"], exported["FULL_STATE_DICT"])
     assert_equal(exported["SHARDED_STATE_DICT"], read_weights(checkpoints(tmp_path / "FULL_STATE_DICT")[2]))
+
+
+def test_shards_record_whether_they_were_finite(tmp_path):
+    """Rotation keeps the newest checkpoint whose weights were finite: a folder of shards says so."""
+    good, bad = str(tmp_path / "good"), str(tmp_path / "bad")
+    weights = {"w": torch.arange(6.0).reshape(2, 3), "steps": torch.tensor(3)}
+    write_shards(good, weights)
+    write_shards(bad, {"w": torch.tensor([1.0, float("nan")])})
+    assert weights_finite([good]) is True and weights_finite([bad]) is False
+    assert_equal(read_dcp_whole(good, "model"), weights)

@@ -21,10 +21,13 @@ import json
 import os
 import sys
 
+import torch
+from torch.distributed.tensor import DTensor
+
 from ..module_dict import ModuleDict
 from ..utils import SAFETENSORS_WEIGHTS_NAME, WEIGHTS_NAME, load_state_dict
 from .portable import read_dcp_whole
-from .state import load_weights, write_tensors
+from .state import FINITE_KEY, load_weights, write_tensors
 
 LIVE_WITH_EMA = "model.safetensors"  # Accelerate's name, where GigaTrain's live weights are with EMA on
 MODEL_SHARDS, EMA_SHARDS = "model_dcp", "ema_dcp"  # SHARDED_STATE_DICT: each rank's shards
@@ -62,9 +65,29 @@ def shards_folder(checkpoint, ema=False):
 
 def write_shards(folder, state, process_group=None):
     """Every rank writes its own shards of `state` (DTensors; a tensor every rank holds whole is written
-    once) into the DCP folder `folder`: a collective over `process_group`, with no gather of the model."""
+    once) into the DCP folder `folder`: a collective over `process_group`, with no gather of the model.
+    Whether every shard was finite goes into the file FINITE_KEY beside them (rotation reads it)."""
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     dcp.save({SHARDS_KEY: state}, checkpoint_id=folder, process_group=process_group)
+    finite = [all(bool(torch.isfinite(t).all()) for v in state.values() for t in _local_parts(v)
+                  if t.is_floating_point())]
+    if dist.is_initialized():
+        everyone = [None] * dist.get_world_size(process_group)
+        dist.all_gather_object(everyone, finite[0], group=process_group)
+        finite = everyone
+    if not dist.is_initialized() or dist.get_rank(process_group) == 0:
+        with open(os.path.join(folder, FINITE_KEY), "w") as f:
+            f.write("true" if all(finite) else "false")
+
+
+def _local_parts(value):
+    """The tensors this rank holds of a state dict value: a DTensor's shard, FSDP1's ShardedTensor's."""
+    if isinstance(value, DTensor):
+        return [value.to_local()]
+    if callable(getattr(value, "local_shards", None)):
+        return [shard.tensor for shard in value.local_shards()]
+    return [value] if isinstance(value, torch.Tensor) else []
 
 
 def live_weights(meta):
