@@ -78,7 +78,7 @@ class FSDP2Strategy(TorchOptimizerStrategy):
 
     def model_shards(self, state=None):
         """DTensors (FSDP1: its sharded state dict) holding this rank's shards only."""
-        return get_model_state_dict(self.model) if state is None else state
+        return plain_tensors(get_model_state_dict(self.model)) if state is None else state
 
     def load_model_shards(self, folder, strict):
         """Each rank reads the pieces of its own shards (DCP reshards from any world size)."""
@@ -86,7 +86,7 @@ class FSDP2Strategy(TorchOptimizerStrategy):
 
         from ...checkpoint.layout import SHARDS_KEY
         from ...checkpoint.safe_unpickle import load_dcp
-        state = {SHARDS_KEY: get_model_state_dict(self.model)}
+        state = {SHARDS_KEY: plain_tensors(get_model_state_dict(self.model))}  # read into the weights' storage
         load_dcp(state, folder, planner=DefaultLoadPlanner(allow_partial_load=not strict))
         set_model_state_dict(self.model, state[SHARDS_KEY], options=StateDictOptions(strict=strict))
 
