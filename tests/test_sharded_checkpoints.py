@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -20,7 +21,9 @@ from giga_train.checkpoint.layout import write_shards
 from giga_train.checkpoint.manager import weights_finite
 from giga_train.checkpoint.portable import read_dcp_whole
 from giga_train.checkpoint.safe_unpickle import load_metadata
+from giga_train.errors import ConfigError
 from giga_train.export import read_weights as export_weights
+from giga_train.trainers.runner import Runner
 from tests.distributed import job
 from tests.tiny import TinyTrainer
 
@@ -104,6 +107,9 @@ def test_sharded_checkpoints_resume_exactly_and_gather_nothing(tmp_path_factory,
     assert all(all(n > 0 for n in counts) for counts in gathers(full).values()) and len(gathers(full)) == 2
     assert gathers(sharded) == {"gathers_0.json": [0, 0], "gathers_1.json": [0, 0]}  # steps 2 and 4
     assert all(read_meta(path)["finite"] is True for path in checkpoints(sharded).values())  # for rotation
+    # GigaTrain's load_checkpoint('<checkpoint>/model') names the way to the weights in one line
+    with pytest.raises(ConfigError, match=r"no such folder \(.* holds the model as each rank's shards.*convert"):
+        Runner.get_checkpoint(SimpleNamespace(_checkpoint_path=str), os.path.join(checkpoints(sharded)[4], "model"))
     # and no whole-model file: one shard file per rank, each holding about half of the model's bytes
     folder = checkpoints(sharded)[4]
     assert not glob.glob(os.path.join(folder, "**", "*.safetensors"), recursive=True)

@@ -63,6 +63,20 @@ def shards_folder(checkpoint, ema=False):
     return os.path.join(checkpoint, EMA_SHARDS if ema else MODEL_SHARDS)
 
 
+def sharded_folder_hint(path):
+    """What to do when model folder `path` is missing from a checkpoint that holds the model as shards
+    ('' when `path` is not in such a checkpoint)."""
+    checkpoint = os.path.dirname(os.path.normpath(path))
+    try:
+        with open(os.path.join(checkpoint, "meta.json")) as f:
+            sharded = is_sharded(json.load(f))
+    except (OSError, ValueError):
+        return ""
+    return (f" ({checkpoint} holds the model as each rank's shards, fsdp_state_dict_type='SHARDED_STATE_DICT':"
+            f" `giga-train export {checkpoint} --to hf` or `convert {checkpoint} --to full` writes its weights)"
+            if sharded else "")
+
+
 def write_shards(folder, state, process_group=None):
     """Every rank writes its own shards of `state` (DTensors; a tensor every rank holds whole is written
     once) into the DCP folder `folder`: a collective over `process_group`, with no gather of the model.
