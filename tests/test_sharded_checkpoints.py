@@ -143,6 +143,7 @@ def test_sharded_checkpoint_resumes_at_another_world_size_and_converts(tmp_path,
             path = checkpoints(source)[2]
             shutil.copytree(path, target / "models" / os.path.basename(path))
             run(target, "FULL_STATE_DICT", ranks=1, strategy=strategy, with_ema=True)
+            assert "resumed from" in (target / "logs" / "train.log").read_text()
             final = checkpoints(target)[4]
             finals[name] = {**read_weights(final), **{"ema." + k: v for k, v in read_weights(final, ema=True).items()}}
         assert_equal(finals["sharded"], finals["full"])
