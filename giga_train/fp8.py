@@ -124,10 +124,19 @@ def precompute_scales_after_step(model, optimizer):
 
 def plain_tensors(state):
     """`state` with torchao's float8 all-gather weight wrappers replaced by the plain tensors they hold:
-    what a checkpoint stores (safetensors cannot write a tensor subclass)."""
+    what a checkpoint stores (safetensors cannot write a tensor subclass, nor DCP read one back with
+    weights_only). A shard (DTensor) keeps its placement around the plain tensor, sharing its storage."""
     import sys
     fsdp_utils = sys.modules.get("torchao.float8.fsdp_utils")  # never loaded: nothing can be wrapped
     if fsdp_utils is None:
         return state
+    from torch.distributed.tensor import DTensor
     wrapper = fsdp_utils.WeightWithDynamicFloat8CastTensor
-    return {k: v._tensor if isinstance(v, wrapper) else v for k, v in state.items()}
+
+    def plain(value):
+        if isinstance(value, wrapper):
+            return value._tensor
+        if isinstance(value, DTensor) and isinstance(value._local_tensor, wrapper):
+            return DTensor(value._local_tensor._tensor, value._spec, requires_grad=False)
+        return value
+    return {k: plain(v) for k, v in state.items()}

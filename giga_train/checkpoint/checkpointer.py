@@ -1,7 +1,8 @@
 """The Checkpointer: save (in the loop or in the background), rotate, resume and load, for every strategy.
 
 A checkpoint folder `models/checkpoint_epoch_E_step_S/` holds the weights in GigaTrain's model layout
-(layout.py: a folder per model, `<name>_ema/` and `ema_config.json` with EMA; written by the main rank), the
+(layout.py: a folder per model, `<name>_ema/` and `ema_config.json` with EMA; written by the main rank; with
+fsdp_state_dict_type SHARDED_STATE_DICT each rank's shards in `model_dcp/`, `ema_dcp/`), the
 engine's optimizer state (`optimizer_dcp/` + `precision.pt`, or `deepspeed/`), `random_states_R.pt` per
 rank (and `data_state_R.pt`: streaming data's position), `training_state.pt` (the trainer's state_dict: scheduler, data position, step) and, written last,
 `meta.json`. The strategy takes and writes its own state; all the
@@ -17,9 +18,11 @@ import torch
 
 from ..errors import TrainingStopped
 from .async_writer import AsyncWriter
-from .layout import EMA_SUFFIX, layout_meta, read_weights, write_live, write_model_folders
+from .layout import (EMA_SUFFIX, SHARDS_KEY, is_sharded, layout_meta, read_weights, shards_folder, write_live,
+                     write_model_folders, write_shards)
 from .manager import CheckpointManager, disk_error, free_bytes, read_meta
 from .portable import deepspeed_meta, read_dcp, read_deepspeed
+from .safe_unpickle import load_dcp
 from .snapshot import host_copy
 from .state import rng_state, set_rng_state
 
@@ -72,7 +75,8 @@ class Checkpointer:
         what this one had written. In the background with train.checkpoint_async: the loop only takes the
         state into host memory."""
         self.wait()  # at most one save in flight: its error surfaces here
-        meta = dict(meta, layout=layout_meta(self.strategy.unwrap(), self.model_name, self.ema is not None))
+        meta = dict(meta, layout=layout_meta(self.strategy.unwrap(), self.model_name, self.ema is not None,
+                                             sharded=self.strategy.sharded_checkpoints))
         tmp = self.folders.tmp_path(epoch, step)
         try:
             start = time.perf_counter()
@@ -126,10 +130,18 @@ class Checkpointer:
         write(taken) only writes files into `tmp` (in a thread with checkpoint_async; `process_group`
         for write_state's collectives). One list for both modes: their files are the same."""
         strategy, join = self.strategy, os.path.join
-        parts = [(lambda: self.model_snapshot(copy=copy), lambda state: self.write_model(tmp, state))]
+        if strategy.sharded_checkpoints:  # each rank writes its own shards: no gather of the model
+            parts = [(lambda: self.model_shards(copy=copy),
+                      lambda state: write_shards(shards_folder(tmp), state, process_group))]
+            if self.ema is not None:
+                parts.append((lambda: self.model_shards(self.ema.state_dict(strategy.unwrap()), copy=copy),
+                              lambda state: write_shards(shards_folder(tmp, ema=True), state, process_group)))
+        else:
+            parts = [(lambda: self.model_snapshot(copy=copy), lambda state: self.write_model(tmp, state))]
+            if self.ema is not None:
+                parts.append((lambda: self.model_snapshot(self.ema.state_dict(strategy.unwrap()), copy=copy),
+                              lambda state: self.write_model(tmp, state, ema=True)))
         if self.ema is not None:
-            parts.append((lambda: self.model_snapshot(self.ema.state_dict(strategy.unwrap()), copy=copy),
-                          lambda state: self.write_model(tmp, state, ema=True)))
             if self.env.is_main:  # GigaTrain's ema_config.json: the decay and the updates made so far
                 parts.append((lambda: dict(self.ema.config), lambda config: _write_json(join(tmp, EMA_CONFIG), config)))
         parts.append((lambda: strategy.state_snapshot(copy=copy),
@@ -155,6 +167,11 @@ class Checkpointer:
         if not self.env.is_main:
             return None
         return host_copy(state) if copy and strategy.device.type == "cpu" else state
+
+    def model_shards(self, state=None, copy=False):
+        """This rank's shards of the model state (or of `state`), for write_shards; `copy`: host copies."""
+        state = self.strategy.model_shards(state)
+        return host_copy(state, pinned=self.strategy.device.type == "cuda") if copy else state
 
     def write_model(self, tmp, state, ema=False):
         """Write what model_snapshot took into checkpoint folder `tmp` in GigaTrain's layout: the live
@@ -188,7 +205,10 @@ class Checkpointer:
         weights, engine state, `load_training_state(state)` with the trainer's state, EMA, RNG."""
         self.wait()
         strategy, meta = self.strategy, read_meta(path)
-        strategy.load_model_state(read_weights(path, meta), self.strict)
+        if is_sharded(meta):
+            strategy.load_model_shards(shards_folder(path), self.strict)
+        else:
+            strategy.load_model_state(read_weights(path, meta), self.strict)
         if not any(os.path.exists(os.path.join(path, name)) for name in ENGINE_STATE):
             log.warning("resume: %s holds no optimizer state (train.checkpoint_save_optimizer=False dropped it);"
                         " the optimizer starts afresh", path)
@@ -198,13 +218,24 @@ class Checkpointer:
         if self.ema is not None:
             config = os.path.join(path, EMA_CONFIG)
             step = json.load(open(config))["optimization_step"] if os.path.isfile(config) else None
-            self.ema.load_state_dict(read_weights(path, meta, ema=True), step)
+            if is_sharded(meta):
+                self.load_ema_shards(shards_folder(path, ema=True), step)
+            else:
+                self.ema.load_state_dict(read_weights(path, meta, ema=True), step)
         data_file = os.path.join(path, f"data_state_{self.env.rank}.pt")
         if self.rank_state is not None and os.path.isfile(data_file):
             self.rank_state.load_state_dict(torch.load(data_file, map_location="cpu", weights_only=True))
         rng_file = os.path.join(path, f"random_states_{self.env.rank}.pt")
         if os.path.isfile(rng_file):
             set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))
+
+    def load_ema_shards(self, folder, step):
+        """The averaged weights straight into the EMA's own tensors (each rank reads its shards' pieces)."""
+        from torch.distributed.checkpoint import DefaultLoadPlanner
+        shadows = {SHARDS_KEY: dict(zip(self.ema.names, self.ema.shadow))}  # buffers: the live model's
+        load_dcp(shadows, folder, planner=DefaultLoadPlanner(allow_partial_load=True))
+        if step is not None:
+            self.ema.optimization_step = step
 
 
 def _write_json(path, value):

@@ -51,8 +51,8 @@ def read_state(checkpoint):
 
 def read_weights(checkpoint, ema=False):
     """The whole model state dict of a checkpoint written by any strategy (`ema`: the moving average's).
-    The model folders hold it whole whatever the engine (DeepSpeed's fp32 master weights, not its bf16
-    module), so no engine state is read."""
+    The model folders (or with SHARDED_STATE_DICT the model's shards) hold it whatever the engine (DeepSpeed's
+    fp32 master weights, not its bf16 module), so no engine state is read."""
     if not is_complete(checkpoint):
         raise ConfigError(f"{checkpoint}: not a complete checkpoint folder (no meta.json)")
     meta = read_meta(checkpoint)

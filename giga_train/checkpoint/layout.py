@@ -9,6 +9,11 @@
                      Accelerate's file of this name, safetensors by default; its member folders then hold
                      only EMA). Resume reads them; tools read the folders.
 
+With launch.fsdp_config.fsdp_state_dict_type='SHARDED_STATE_DICT' (FSDP) no rank gathers the model: each
+writes its own shards into `model_dcp/` (and `ema_dcp/` with EMA), torch.distributed.checkpoint folders
+keyed by the whole model's names, and there are no model folders; resume (any world size, any strategy),
+`giga-train export` and `convert` read them (read_weights).
+
 meta.json's `layout` records the folders and their key prefixes, so a checkpoint reads back without the
 model that wrote it; checkpoints written before (no `layout`: `model/`, `model_ema/`) still read."""
 import copy
@@ -16,11 +21,17 @@ import json
 import os
 import sys
 
+import torch
+from torch.distributed.tensor import DTensor
+
 from ..module_dict import ModuleDict
 from ..utils import SAFETENSORS_WEIGHTS_NAME, WEIGHTS_NAME, load_state_dict
-from .state import load_weights, write_tensors
+from .portable import read_dcp_whole
+from .state import FINITE_KEY, load_weights, write_tensors
 
 LIVE_WITH_EMA = "model.safetensors"  # Accelerate's name, where GigaTrain's live weights are with EMA on
+MODEL_SHARDS, EMA_SHARDS = "model_dcp", "ema_dcp"  # SHARDED_STATE_DICT: each rank's shards
+SHARDS_KEY = "model"
 EMA_SUFFIX = "_ema"
 CONFIG = "config.json"
 
@@ -33,11 +44,64 @@ def model_folders(module, model_name="model"):
     return [(model_name, "", module)]
 
 
-def layout_meta(module, model_name, ema):
+def layout_meta(module, model_name, ema, sharded=False):
     """meta.json's `layout`: {folder: key prefix} and where the live weights are (for reading back and
-    for the finiteness check of rotation)."""
+    for the finiteness check of rotation); `sharded`: the weights are in MODEL_SHARDS (and EMA_SHARDS)."""
     folders = {folder: prefix for folder, prefix, _ in model_folders(module, model_name)}
+    if sharded:
+        return dict(models=folders, live=[MODEL_SHARDS], sharded=True)
     return dict(models=folders, live=[LIVE_WITH_EMA] if ema else sorted(folders))
+
+
+def is_sharded(meta):
+    """Whether the checkpoint a meta.json describes holds the model as each rank's shards."""
+    layout = meta.get("layout")
+    return isinstance(layout, dict) and bool(layout.get("sharded"))
+
+
+def shards_folder(checkpoint, ema=False):
+    return os.path.join(checkpoint, EMA_SHARDS if ema else MODEL_SHARDS)
+
+
+def sharded_folder_hint(path):
+    """What to do when model folder `path` is missing from a checkpoint that holds the model as shards
+    ('' when `path` is not in such a checkpoint)."""
+    checkpoint = os.path.dirname(os.path.normpath(path))
+    try:
+        with open(os.path.join(checkpoint, "meta.json")) as f:
+            sharded = is_sharded(json.load(f))
+    except (OSError, ValueError):
+        return ""
+    return (f" ({checkpoint} holds the model as each rank's shards, fsdp_state_dict_type='SHARDED_STATE_DICT':"
+            f" `giga-train export {checkpoint} --to hf` or `convert {checkpoint} --to full` writes its weights)"
+            if sharded else "")
+
+
+def write_shards(folder, state, process_group=None):
+    """Every rank writes its own shards of `state` (DTensors; a tensor every rank holds whole is written
+    once) into the DCP folder `folder`: a collective over `process_group`, with no gather of the model.
+    Whether every shard was finite goes into the file FINITE_KEY beside them (rotation reads it)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    dcp.save({SHARDS_KEY: state}, checkpoint_id=folder, process_group=process_group)
+    finite = [all(bool(torch.isfinite(t).all()) for v in state.values() for t in _local_parts(v)
+                  if t.is_floating_point())]
+    if dist.is_initialized():
+        everyone = [None] * dist.get_world_size(process_group)
+        dist.all_gather_object(everyone, finite[0], group=process_group)
+        finite = everyone
+    if not dist.is_initialized() or dist.get_rank(process_group) == 0:
+        with open(os.path.join(folder, FINITE_KEY), "w") as f:
+            f.write("true" if all(finite) else "false")
+
+
+def _local_parts(value):
+    """The tensors this rank holds of a state dict value: a DTensor's shard, FSDP1's ShardedTensor's."""
+    if isinstance(value, DTensor):
+        return [value.to_local()]
+    if callable(getattr(value, "local_shards", None)):
+        return [shard.tensor for shard in value.local_shards()]
+    return [value] if isinstance(value, torch.Tensor) else []
 
 
 def live_weights(meta):
@@ -114,11 +178,14 @@ def folder_class_name(folder):
 
 def read_weights(checkpoint, meta=None, ema=False):
     """The whole model's state dict (live, or EMA with `ema`) from checkpoint folder `checkpoint` (`meta`:
-    its meta.json, read when not given): our GigaTrain layout, or the layout before it (model/, model_ema/)."""
+    its meta.json, read when not given): our GigaTrain layout, its shards (SHARDED_STATE_DICT, read whole), or
+    the layout before it (model/, model_ema/)."""
     if meta is None:
         with open(os.path.join(checkpoint, "meta.json")) as f:
             meta = json.load(f)
     layout = meta.get("layout")
+    if is_sharded(meta):
+        return read_dcp_whole(shards_folder(checkpoint, ema), SHARDS_KEY)
     if not isinstance(layout, dict):
         folder = os.path.join(checkpoint, "model_ema" if ema else "model")
         members = not os.path.exists(os.path.join(folder, "model.safetensors")) and \

@@ -76,9 +76,9 @@ def save_id(path, meta):
 
 
 def weights_finite(paths):
-    """Whether the weights in `paths` (files, or folders of them, as state.write_tensors wrote them) were
-    all finite when saved: True, False, or None when unknown (pickled .bin files, or files written before
-    this was recorded)."""
+    """Whether the weights in `paths` (files, or folders of them, as state.write_tensors wrote them; a
+    folder of shards has a FINITE_KEY file saying it) were all finite when saved: True, False, or None when
+    unknown (pickled .bin files, or files written before this was recorded)."""
     from safetensors import safe_open
     files = []
     for path in paths:
@@ -88,12 +88,17 @@ def weights_finite(paths):
             files.append(path)
     found = None
     for path in files:
-        if path.endswith(".safetensors") and os.path.isfile(path):
+        if os.path.basename(path) == FINITE_KEY:  # layout.write_shards'
+            with open(path) as f:
+                value = f.read().strip()
+        elif path.endswith(".safetensors") and os.path.isfile(path):
             with safe_open(path, "pt") as f:
                 value = (f.metadata() or {}).get(FINITE_KEY)
-            if value is None:
-                return None
-            found = (found is not False) and value == "true"
+        else:
+            continue
+        if value is None:
+            return None
+        found = (found is not False) and value == "true"
     return found
 
 

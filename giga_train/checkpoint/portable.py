@@ -2,7 +2,8 @@
 
 Checkpoints keep each engine's own files (fast and exact under the same strategy and world size).
 Resuming under another strategy or world size goes through the forms here:
-- `optimizer_dcp/` (NO, DDP, FSDP): torch.distributed.checkpoint, read whole by `read_dcp`;
+- `optimizer_dcp/` (NO, DDP, FSDP): torch.distributed.checkpoint, read whole by `read_dcp` (and the
+  model's shards, `model_dcp/`, with fsdp_state_dict_type SHARDED_STATE_DICT: layout.py);
 - `deepspeed/` (DEEPSPEED): DeepSpeed's universal checkpoint (`ds_to_universal`), read by
   `read_deepspeed`, which also gives the fp32 master weights (the engine may hold bf16 ones).
 Both give {"state": {name: {key: tensor}}, "param_groups": [{..., "params": [names]}]}, the full
@@ -24,10 +25,15 @@ DEEPSPEED_DIR, DEEPSPEED_TAG, DEEPSPEED_META = "deepspeed", "state", "giga_meta.
 
 def read_dcp(folder):
     """The whole optimizer state that a NO/DDP/FSDP rank set wrote to `folder/optimizer_dcp`."""
+    return read_dcp_whole(os.path.join(folder, "optimizer_dcp"), "optimizer")
+
+
+def read_dcp_whole(source, key):
+    """Entry `key` of the torch.distributed.checkpoint folder `source`, every tensor whole (whatever the
+    world size that wrote it), on the CPU."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-    source = os.path.join(folder, "optimizer_dcp")
     load_metadata(os.path.join(source, ".metadata"))  # refused here in one line, before DCP wraps it
-    return _load_state_dict_from_keys(storage_reader=SafeFileSystemReader(source))["optimizer"]
+    return _load_state_dict_from_keys(storage_reader=SafeFileSystemReader(source))[key]
 
 
 def deepspeed_meta(folder):

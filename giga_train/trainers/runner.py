@@ -162,7 +162,8 @@ class Runner:
         paths = [self._checkpoint_path(c) for c in (checkpoint if isinstance(checkpoint, (list, tuple)) else [checkpoint])]
         missing = [p for p in paths if not os.path.exists(p)]
         if missing:
-            raise ConfigError(f"checkpoint {missing[0]}: no such folder")
+            from ..checkpoint.layout import sharded_folder_hint
+            raise ConfigError(f"checkpoint {missing[0]}: no such folder{sharded_folder_hint(missing[0])}")
         return paths if isinstance(checkpoint, (list, tuple)) else paths[0]
 
     def _checkpoint_path(self, checkpoint):

@@ -99,6 +99,24 @@ class Strategy(abc.ABC):
     def load_model_state(self, state, strict):
         """Set the model's weights from a full state dict (every rank passes the same)."""
 
+    @property
+    def sharded_checkpoints(self):
+        """Whether checkpoints hold the model as each rank's shards instead of gathered whole (FSDP with
+        launch.fsdp_config.fsdp_state_dict_type='SHARDED_STATE_DICT')."""
+        return False
+
+    def model_shards(self, state=None):
+        """This rank's part of the model state (or of `state`, another state dict of the model such as
+        EMA's), as torch.distributed.checkpoint writes it; no collective, nothing gathered."""
+        raise NotImplementedError(f"{type(self).__name__} checkpoints the model whole")
+
+    def load_model_shards(self, folder, strict):
+        """Set the model's weights from the DCP folder `folder` (shards written at any world size). Here the
+        whole model is read; a sharding engine reads only its own part."""
+        from ...checkpoint.layout import SHARDS_KEY
+        from ...checkpoint.portable import read_dcp_whole
+        self.load_model_state(read_dcp_whole(folder, SHARDS_KEY), strict)
+
     @abc.abstractmethod
     def state_snapshot(self, copy=False):
         """This rank's optimizer (and loss-scaler) state for write_state. `copy`: host copies the training

@@ -1,5 +1,6 @@
 """FSDP (fsdp_version=2, the default): fully_shard per wrap-class block, then the root. Parameters are
-DTensors; optimizer state is saved sharded through torch.distributed.checkpoint, the model whole.
+DTensors; optimizer state is saved sharded through torch.distributed.checkpoint, the model whole (gathered
+on the main rank), or sharded too with fsdp_state_dict_type='SHARDED_STATE_DICT'.
 Registered as "FSDP" with FSDP1 (fsdp.py picks by launch.fsdp_config.fsdp_version). A model on the meta
 device is sharded as it is and each rank's shard allocated and filled after (meta_start.py)."""
 import torch
@@ -70,4 +71,22 @@ class FSDP2Strategy(TorchOptimizerStrategy):
 
     def load_model_state(self, state, strict):
         set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=strict))
+
+    @property
+    def sharded_checkpoints(self):
+        return self.fsdp.fsdp_state_dict_type == "SHARDED_STATE_DICT"
+
+    def model_shards(self, state=None):
+        """DTensors (FSDP1: its sharded state dict) holding this rank's shards only."""
+        return plain_tensors(get_model_state_dict(self.model)) if state is None else state
+
+    def load_model_shards(self, folder, strict):
+        """Each rank reads the pieces of its own shards (DCP reshards from any world size)."""
+        from torch.distributed.checkpoint import DefaultLoadPlanner
+
+        from ...checkpoint.layout import SHARDS_KEY
+        from ...checkpoint.safe_unpickle import load_dcp
+        state = {SHARDS_KEY: plain_tensors(get_model_state_dict(self.model))}  # read into the weights' storage
+        load_dcp(state, folder, planner=DefaultLoadPlanner(allow_partial_load=not strict))
+        set_model_state_dict(self.model, state[SHARDS_KEY], options=StateDictOptions(strict=strict))
 
