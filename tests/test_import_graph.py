@@ -12,7 +12,8 @@ LAYERS = [
     ["errors"],
     ["config", "registry", "module_dict", "precision", "blocks", "utils", "ssh", "checks"],
     # distributed.deepspeed_config: a pure config resolver (the schema checks DeepSpeed JSON with it)
-    ["schema", "schema_accelerate", "schema_data", "compile", "fp8", "ema", "schedulers", "optimizers", "data", "tracking",
+    ["schema", "schema_keys", "schema_launch", "schema_train", "schema_loader", "schema_accelerate", "schema_data",
+     "compile", "fp8", "ema", "schedulers", "optimizers", "data", "tracking",
      "distributed.deepspeed_config",
      "strategies"],  # giga_train.strategies: GigaTrain's import paths for EMAModel & co.
     ["checkpoint"],

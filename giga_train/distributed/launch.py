@@ -18,7 +18,7 @@ import uuid
 from ..config import load_config
 from ..errors import CheckpointError, ConfigError, RankFailed, TrainingStopped
 from ..runners import run_runners, validated_runners
-from ..schema import world_size_of
+from ..schema_launch import world_size_of
 from .env import TIMEOUT_VARIABLE, collective_timeout
 from .preemption import ForwardSIGUSR1, write_pid
 

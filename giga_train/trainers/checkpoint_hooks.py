@@ -9,7 +9,7 @@ from ..checkpoint.gigatrain_import import (is_gigatrain_checkpoint, latest_gigat
                                             read_gigatrain_checkpoint)
 from ..checkpoint.layout import class_name as module_class_name, folder_class_name
 from ..errors import ConfigError
-from ..schema import checkpoint_steps
+from ..schema_train import checkpoint_steps
 from ..utils import load_state_dict
 
 log = logging.getLogger("giga_train")

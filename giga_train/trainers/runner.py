@@ -13,7 +13,8 @@ from ..config import Config, load_config
 from ..distributed.env import setup_environment
 from ..errors import ConfigError
 from ..precision import AUTOCAST_DTYPES
-from ..schema import resolve_logging_dir, validate_config
+from ..schema import validate_config
+from ..schema_train import resolve_logging_dir
 from ..tracking import text_logger
 
 log = logging.getLogger("giga_train")

@@ -9,7 +9,7 @@ import torch
 
 from ..data import open_dataset
 from ..registry import TRANSFORMS
-from ..schema import tester_kwargs
+from ..schema_train import tester_kwargs
 from ..utils import as_list
 from .runner import Runner
 

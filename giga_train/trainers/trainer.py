@@ -32,7 +32,7 @@ from ..optimizers import build_optimizer
 from ..optimizers.group import OptimizerGroup
 from ..registry import STRATEGIES
 from ..schedulers import SCHEDULERS
-from ..schema import train_kwargs
+from ..schema_train import train_kwargs
 from ..tracking import MetricLogger, PerfMeter, StepProfiler, hparams
 from ..tracking.metrics import MetricSums
 from .best_checkpoint import BestCheckpoint
