@@ -99,23 +99,26 @@ class MetaBenchTrainer(Trainer):
                       hwm_model_gb=round(self.hwm_model_kb / 2**20, 3),
                       hwm_start_gb=round(self.hwm_start_kb / 2**20, 3),
                       rss_after_sharding_gb=round(self.rss_start_kb / 2**20, 3),
-                      hwm_after_step_gb=round(status_kb("VmHWM") / 2**20, 3))
+                      hwm_after_step_gb=round(status_kb("VmHWM") / 2**20, 3),
+                      gpu_peak_gb=round(torch.cuda.max_memory_allocated() / 2**30, 2) if self.device.type == "cuda"
+                      else None)
         with open(os.path.join(self.project_dir, f"rank_{self.rank}.json"), "w") as f:
             json.dump(result, f)
 
 
-def launch_config(strategy, mode, ranks):
+def launch_config(strategy, mode, ranks, device):
+    gpus = dict(gpu_ids=list(range(ranks))) if device == "cuda" else {}  # without gpu_ids a job runs on the CPU
     if strategy == "zero3":
-        return dict(distributed_type="DEEPSPEED", num_processes=ranks,
+        return dict(distributed_type="DEEPSPEED", num_processes=ranks, **gpus,
                     deepspeed_config=dict(deepspeed_config_file="zero3.json", zero3_init_flag=mode == "rank0"))
     fsdp = dict(fsdp_version=2, fsdp_transformer_layer_cls_to_wrap="Block",
                 fsdp_cpu_ram_efficient_loading=mode == "rank0")
-    return dict(distributed_type="FSDP", num_processes=ranks, fsdp_config=fsdp)
+    return dict(distributed_type="FSDP", num_processes=ranks, fsdp_config=fsdp, **gpus)
 
 
 def run(mode, shape, ranks, device, pretrained=None, strategy="fsdp2"):
     with tempfile.TemporaryDirectory(prefix="bench_meta_") as project:
-        launch = launch_config(strategy, mode, ranks)
+        launch = launch_config(strategy, mode, ranks, device)
         cfg = dict(runners=["bench.meta_start.MetaBenchTrainer"], project_dir=project, launch=launch,
                    dataloaders=dict(train=dict(data_or_config=SyntheticTokens(8 * ranks, shape.seq, shape.vocab),
                                                batch_size_per_gpu=1, num_workers=0)),
@@ -158,11 +161,12 @@ def main():
     print(f"\n{args.shape}: {params / 1e6:.1f}M parameters ({params * 4 / 2**30:.2f} GB fp32), {args.ranks} ranks,"
           f" {args.device}, {args.strategy}\n")
     print("| start | rank | start s | RSS before get_models GB | peak RSS to the model materialised GB"
-          " | RSS after sharding GB | peak RSS to there GB | peak RSS after 1 step GB |")
-    print("|---|---|---|---|---|---|---|---|")
+          " | RSS after sharding GB | peak RSS to there GB | peak RSS after 1 step GB | GPU peak GB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['mode']} | {r['rank']} | {r['start_s']} | {r['rss_before_model_gb']} | {r['hwm_model_gb']} |"
-              f" {r['rss_after_sharding_gb']} | {r['hwm_start_gb']} | {r['hwm_after_step_gb']} |")
+              f" {r['rss_after_sharding_gb']} | {r['hwm_start_gb']} | {r['hwm_after_step_gb']} |"
+              f" {r.get('gpu_peak_gb') or ''} |")
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 

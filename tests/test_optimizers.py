@@ -301,3 +301,18 @@ def test_bench_cpu_tiny_runs(tmp_path, came_pytorch):
     names = {r["name"] for r in result["steps"]}
     assert {"giga CAME8Bit", "giga FusedAdam", "torch AdamW foreach"} <= names
     assert result["drift"]["giga CAME8Bit"] <= 0.03
+
+
+def test_lazy_state_starts_where_the_eager_one_does():
+    """CAME8Bit's first step makes its state lazily (meta tensors the buckets fill, so the state is never
+    held twice); what the torch path then allocates equals an eager init, entry by entry."""
+    from giga_train.optimizers.kernels import came_torch
+    for shape in ((64, 512), (8, 16), (96,), (4, 6, 3, 3)):  # 8-bit factored, fp32 factored, vector, conv
+        p = torch.nn.Parameter(torch.randn(shape))
+        eager, lazy = {}, {}
+        came_torch.init_state(p, eager, block_size=256, min_8bit_size=1000)
+        came_torch.init_state(p, lazy, block_size=256, min_8bit_size=1000, lazy=True)
+        assert sorted(lazy) == sorted(eager) and all(v.is_meta for v in lazy.values())
+        came_torch.materialize_(lazy, p.device)
+        for key, value in eager.items():
+            assert lazy[key].dtype == value.dtype and torch.equal(lazy[key], value), (shape, key)

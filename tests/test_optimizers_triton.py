@@ -57,6 +57,14 @@ def _came_checks(torch):
             out["zero_block_scale"] = first["exp_avg_scales"][0].item()
             out["zero_block_codes"] = sorted(set(first["exp_avg_codes"].view(-1)[:256].tolist()))
             out["kernel_layout"] = {k: [str(v.dtype), list(v.shape)] for k, v in first.items() if torch.is_tensor(v)}
+            # the first step's state (made lazily) lives only in the buckets' buffers: never allocated twice
+            buffers = {t.untyped_storage().data_ptr() for _, _, bucket in ok._buckets.values()
+                       for t in vars(bucket).values() if torch.is_tensor(t)}
+            entries = [v for p, st in ok.state.items() if p.dim() <= 2  # a 3x3 conv takes the torch path
+                       for v in st.values() if torch.is_tensor(v)]
+            out["fresh_state_meta"] = sum(v.is_meta for v in entries)
+            out["fresh_state_outside_buckets"] = sum(v.untyped_storage().data_ptr() not in buffers for v in entries)
+            out["fresh_state_entries"] = len(entries)
     return out
 
 
@@ -212,6 +220,11 @@ def test_came_kernels_bf16_stochastic_rounding_tracks_torch_path(report):
     # one noise stream (the same hash of step and element): only fp32 rounding differences remain
     assert report["bfloat16_rel"] < 3e-3
     assert report["bfloat16_rel_vector"] < 1e-2
+
+
+def test_kernel_first_step_state_is_made_in_the_buckets(report):
+    assert report["fresh_state_entries"] >= 30
+    assert report["fresh_state_meta"] == 0 and report["fresh_state_outside_buckets"] == 0
 
 
 def test_kernel_state_layout_and_zero_blocks(report):

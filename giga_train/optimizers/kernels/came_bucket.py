@@ -11,7 +11,7 @@ import torch
 from . import came_stats as S
 from . import came_triton as K
 from . import qmap
-from .came_torch import factored_view_shape
+from .came_torch import FRESH_VALUES, factored_view_shape
 from .multi_tensor import KIND, OffsetTable, cdiv1, cumsum0, segments
 
 # Launch configuration: the fastest of bench/optimizers.py --tune on the H200 (bench/RESULTS.md)
@@ -80,10 +80,14 @@ class _Bucket:
         self.no_flag = torch.zeros(1, dtype=torch.float32, device=device)
 
     def _bind(self, state, key, flat, offset, numel):
-        """Copy state[key] into flat[offset:offset+numel] and make the state entry that view."""
+        """Copy state[key] into flat[offset:offset+numel] and make the state entry that view; a fresh
+        entry (init_state's lazy meta tensor) is its starting value there, never allocated on its own."""
         old = state[key]
         view = flat[offset:offset + numel]
-        view.copy_(old.reshape(-1))
+        if old.is_meta:
+            view.fill_(FRESH_VALUES.get(key, 0))
+        else:
+            view.copy_(old.reshape(-1))
         state[key] = view.view(old.shape)
 
     def _tables(self, grads):

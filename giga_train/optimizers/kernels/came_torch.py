@@ -92,11 +92,20 @@ def quantized_layout_ok(sharding, numel, block_size):
     return -(-nb // sharding.shard_world) == chunk_numel // block_size
 
 
-def init_state(param, state, block_size, min_8bit_size):
-    """Fill an empty state dict for `param` (fp32 statistics; 8-bit first moment when big)."""
+# Starting values of the state entries; every entry not named starts at zero.
+FRESH_VALUES = {"exp_avg_codes": qmap.ZERO_CODE, "clip_scale": 1.0}
+
+
+def init_state(param, state, block_size, min_8bit_size, lazy=False):
+    """Fill an empty state dict for `param` (fp32 statistics; 8-bit first moment when big).
+
+    `lazy` (plain tensors only): the entries are made on the meta device, shapes without memory. A bucket
+    that takes the state fills its own buffers with the starting values (came_bucket._Bucket._bind), so
+    the first step never holds the whole state twice (per tensor, then in the buckets: 3 GiB on a 5B
+    model); materialize_ allocates them for the torch path."""
     sharding = Sharding(param)
     p = local(param)
-    dev = p.device
+    dev = torch.device("meta") if lazy and sharding.mesh is None else p.device
     gshape = sharding.global_shape
     fshape = factored_view_shape(gshape)
     # a device tensor, as in torch's capturable optimizers: a skipped step (found_inf) leaves it
@@ -124,6 +133,13 @@ def init_state(param, state, block_size, min_8bit_size):
     else:
         state["exp_avg_sq"] = sharding.wrap(torch.zeros(p.shape, dtype=torch.float32, device=dev), gshape, True)
     state["exp_avg"] = sharding.wrap(torch.zeros(p.shape, dtype=torch.float32, device=dev), gshape, True)
+
+
+def materialize_(state, device):
+    """Allocate the entries a lazy init_state left on the meta device, at their starting values."""
+    for key, value in state.items():
+        if torch.is_tensor(value) and value.is_meta:
+            state[key] = torch.full(value.shape, FRESH_VALUES.get(key, 0), dtype=value.dtype, device=device)
 
 
 def commit_(dst, new, skip):
