@@ -69,5 +69,18 @@ def test_a_tester_after_the_trainer_sees_every_test_sample_once(tmp_path, ranks)
     assert (tmp_path / "logs" / "test.log").exists()
 
 
+def test_tester_batches_arrive_on_the_device():
+    """GigaTrain's Tester gets its batches from Accelerate's prepared loader, on the device: so do ours (the
+    meta device stands in for a GPU here); the loader's own attributes stay reachable."""
+    import torch
+
+    from giga_train.trainers.tester import OnDevice
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(10.0)), batch_size=4)
+    on_device = OnDevice(loader, torch.device("meta"))
+    batches = list(on_device)
+    assert len(batches) == len(on_device) == 3 and all(b[0].is_meta for b in batches)
+    assert on_device.batch_sampler.batch_size == 4 and len(on_device.dataset) == 10
+
+
 def test_the_client_module_is_importable_without_side_effects():
     assert gigatrain_client.HookTrainer.SECTION == "train" and gigatrain_client.IndexTester.SECTION == "test"

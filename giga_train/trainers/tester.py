@@ -1,6 +1,6 @@
 """The Tester: GigaTrain's runner for evaluation and inference. Subclass it, write get_models and test();
-`self.dataloader` gives each rank a disjoint part of `dataloaders.test` (no sample twice), `self.model` is
-what get_models returned (moved to the device)."""
+`self.dataloader` gives each rank a disjoint part of `dataloaders.test` (no sample twice), its batches on the
+device, `self.model` is what get_models returned (moved to the device)."""
 import logging
 import math
 import time
@@ -8,6 +8,7 @@ import time
 import torch
 
 from ..data import open_dataset
+from ..data.device import to_device
 from ..registry import TRANSFORMS
 from ..schema_train import tester_kwargs
 from ..utils import as_list
@@ -56,6 +57,23 @@ def ordered_loader(data_config, batches, where):
                                        num_workers=data_config.get("num_workers", 0), collate_fn=collate)
 
 
+class OnDevice:
+    """A DataLoader whose batches arrive on `device`, as the loaders Accelerate prepares for GigaTrain's
+    Tester do; everything else (dataset, batch_sampler, len) is the loader's."""
+
+    def __init__(self, loader, device):
+        self.loader, self.device = loader, device
+
+    def __iter__(self):
+        return (to_device(batch, self.device) for batch in self.loader)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+
 class Tester(Runner):
     """Runs the `test` part of a config. Override `get_models` and `test`."""
     SECTION, OWN_KEYWORDS, LOG_NAME = "test", TESTER_KEYWORDS, "test.log"
@@ -74,7 +92,8 @@ class Tester(Runner):
         return dict(dataloaders=config.dataloaders.test, models=models.test if "test" in models else models)
 
     def prepare(self, dataloaders, models):
-        self._dataloaders = as_list(self.get_dataloaders(dataloaders))
+        self._dataloaders = [OnDevice(d, self.device) if isinstance(d, torch.utils.data.DataLoader) else d
+                             for d in as_list(self.get_dataloaders(dataloaders))]
         self._models = [m.to(self.device) if isinstance(m, torch.nn.Module) else m
                         for m in as_list(self.get_models(models))]
 
