@@ -61,3 +61,15 @@ def peak_memory_gib(device, clock=None):
         return max([torch.cuda.max_memory_allocated() / 2**30, *(clock.phase_peaks.values() if clock else ())])
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class TimedLoad:
+    """Mixin for a Trainer (ours or GigaTrain's): `init_seconds`, the time `load` took (building the data,
+    the model, the optimizer and the engine)."""
+
+    @classmethod
+    def load(cls, config):
+        start = time.perf_counter()
+        trainer = super().load(config)
+        trainer.init_seconds = time.perf_counter() - start
+        return trainer

@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from bench.step_clock import StepClock, peak_memory_gib  # noqa: E402
+from bench.step_clock import StepClock, TimedLoad, peak_memory_gib  # noqa: E402
 from examples.wan.trainer import WanTrainer  # noqa: E402
 
 FRAME_FALLBACK = (49, 33, 17, 9, 1)
@@ -62,16 +62,9 @@ def optimizer_config(name, device):
     raise SystemExit(f"bench/wan.py: unknown optimizer {name!r} (AdamW or CAME8Bit)")
 
 
-class BenchWanTrainer(WanTrainer):
+class BenchWanTrainer(TimedLoad, WanTrainer):
     """The example's trainer, timed; checkpoints are not written (a 5B checkpoint with AdamW state is
     60 GB of disk and minutes of I/O that are not the step being measured)."""
-
-    @classmethod
-    def load(cls, config):
-        start = time.perf_counter()
-        trainer = super().load(config)
-        trainer.init_seconds = time.perf_counter() - start
-        return trainer
 
     def get_models(self, model_config):
         model = super().get_models(model_config)

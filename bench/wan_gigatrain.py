@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
@@ -33,7 +32,7 @@ from giga_train import Launcher, Trainer  # noqa: E402
 from examples.wan.flow_matching import (flow_matching_loss, noisy_latents, sample_sigmas,  # noqa: E402
                                         timesteps_from_sigmas, velocity_target)
 from examples.wan.samples import read_sample  # noqa: E402
-from step_clock import StepClock, peak_memory_gib  # noqa: E402
+from step_clock import StepClock, TimedLoad, peak_memory_gib  # noqa: E402
 
 RESULT = "WAN_BENCH_RESULT"  # where the training process writes its row (it may be accelerate's child)
 
@@ -50,14 +49,7 @@ class SampleFolder(Dataset):
         return read_sample(self.files[index], self.text_len)
 
 
-class GigaTrainWanTrainer(Trainer):
-    @classmethod
-    def load(cls, config):
-        start = time.perf_counter()
-        trainer = super().load(config)
-        trainer.init_seconds = time.perf_counter() - start
-        return trainer
-
+class GigaTrainWanTrainer(TimedLoad, Trainer):
     def get_dataloaders(self, data_config):
         dataset = SampleFolder(data_config.root, data_config.text_len)
         # GigaTrain's loop draws max_steps batches from one iterator: the sampler must not run out
