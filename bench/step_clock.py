@@ -23,15 +23,11 @@ class StepClock:
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def marking(self, phase, function):
-        """`function` that marks `phase` when it returns (wrapped once)."""
-        if getattr(function, "marks", None) == phase:
-            return function
-
+        """`function` that marks `phase` when it returns."""
         def marked(*args, **kwargs):
             result = function(*args, **kwargs)
             self.mark(phase)
             return result
-        marked.marks = phase
         return marked
 
     def tick(self):
@@ -63,9 +59,24 @@ def peak_memory_gib(device, clock=None):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-class TimedLoad:
-    """Mixin for a Trainer (ours or GigaTrain's): `init_seconds`, the time `load` took (building the data,
-    the model, the optimizer and the engine)."""
+def memory_fields(device, clock=None):
+    """A row's memory: the peak, on CUDA the allocator's reserved peak, and the clock's split when there is one."""
+    fields = dict(peak_gib=peak_memory_gib(device, clock))
+    if torch.device(device).type == "cuda":
+        fields["reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+    return {**fields, **(clock.memory_row() if clock else {})}
+
+
+class TimedSteps:
+    """Mixin for a Trainer, ours or GigaTrain's (put before the project's trainer in the bases): the same
+    measurement on both sides. `init_seconds` is the time `load` took (data, model, optimizer, engine); a
+    StepClock is marked around each forward_step, after each backward and at each step's end
+    (save_checkpoint_step, which therefore writes no checkpoint: a 5B one is minutes of I/O, not the step);
+    `result()` is the row."""
+
+    def backward_owner(self):
+        """The object whose `backward(loss)` runs the backward pass (our strategy, GigaTrain's accelerator)."""
+        raise NotImplementedError
 
     @classmethod
     def load(cls, config):
@@ -73,3 +84,25 @@ class TimedLoad:
         trainer = super().load(config)
         trainer.init_seconds = time.perf_counter() - start
         return trainer
+
+    def get_models(self, model_config):
+        model = super().get_models(model_config)
+        self.num_params = sum(p.numel() for p in model.parameters())
+        return model
+
+    def forward_step(self, batch_dict):
+        if getattr(self, "clock", None) is None:  # the first step: the engine exists now
+            self.clock = StepClock(self.device)
+            owner = self.backward_owner()
+            owner.backward = self.clock.marking("backward", owner.backward)
+        self.clock.mark("start")  # the first step's: building and placing the model
+        self.last_loss = super().forward_step(batch_dict)
+        self.clock.mark("forward")
+        return self.last_loss
+
+    def save_checkpoint_step(self):
+        self.clock.tick()
+
+    def result(self):
+        return dict(status="ok", step_s=self.clock.mean_step_s(), loss=self.last_loss.item(),
+                    init_s=self.init_seconds, params=self.num_params, **memory_fields(self.device, self.clock))

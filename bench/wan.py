@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from bench.step_clock import StepClock, TimedLoad, peak_memory_gib  # noqa: E402
+from bench.step_clock import TimedSteps, memory_fields  # noqa: E402
 from examples.wan.trainer import WanTrainer  # noqa: E402
 
 FRAME_FALLBACK = (49, 33, 17, 9, 1)
@@ -62,15 +62,11 @@ def optimizer_config(name, device):
     raise SystemExit(f"bench/wan.py: unknown optimizer {name!r} (AdamW or CAME8Bit)")
 
 
-class BenchWanTrainer(TimedLoad, WanTrainer):
-    """The example's trainer, timed; checkpoints are not written (a 5B checkpoint with AdamW state is
-    60 GB of disk and minutes of I/O that are not the step being measured)."""
+class BenchWanTrainer(TimedSteps, WanTrainer):
+    """The example's trainer, timed (bench/step_clock.py); checkpoints are not written."""
 
-    def get_models(self, model_config):
-        model = super().get_models(model_config)
-        self.num_params = sum(p.numel() for p in model.parameters())
-        self.clock = None
-        return model
+    def backward_owner(self):
+        return self.strategy
 
     def forward_step(self, batch_dict):
         limit = os.environ.get(SIMULATE_OOM)
@@ -78,21 +74,9 @@ class BenchWanTrainer(TimedLoad, WanTrainer):
         if limit and frames > int(limit):
             import torch
             raise torch.OutOfMemoryError(f"CUDA out of memory (simulated above {limit} frames)")
-        if self.clock is None:
-            self.clock = StepClock(self.device)
-        self.clock.mark("start")  # the first step's: building and placing the model
-        self.last_loss = super().forward_step(batch_dict)
-        self.clock.mark("forward")
-        return self.last_loss
+        return super().forward_step(batch_dict)
 
-    def backward_step(self, loss):
-        self.strategy.backward = self.clock.marking("backward", self.strategy.backward)
-        super().backward_step(loss)
-
-    def save_checkpoint_step(self):
-        self.clock.tick()
-
-    def save_checkpoint(self):
+    def save_checkpoint(self):  # the one at the end of training
         pass
 
 
@@ -102,7 +86,6 @@ def is_oom(error):
 
 
 def row_config(spec, data_dir, project_dir):
-    from examples.wan.model import WAN22_TI2V_5B
     from giga_train import load_config
     cfg = load_config(os.path.join(ROOT, "examples/wan/configs/wan_5b_t2v_ft.py"))
     cfg.runners = ["bench.wan.BenchWanTrainer"]
@@ -110,7 +93,7 @@ def row_config(spec, data_dir, project_dir):
     cfg.launch = row_launch(spec)
     cfg.dataloaders.train.update(num_workers=0, data_or_config=dict(
         _class_name="WanLatentDataset", root=data_dir, text_len=spec["text_shape"][0]))
-    cfg.models = dict(transformer=TINY_ARCH if spec["tiny"] else WAN22_TI2V_5B, flow_shift=5.0)
+    cfg.models = dict(transformer=row_arch(spec), flow_shift=5.0)
     cfg.optimizers = optimizer_config(spec["optimizer"], spec["device"])
     steps = spec["steps"]
     cfg.train.update(max_steps=steps, log_interval=max(steps // 2, 1), checkpoint_interval=None,
@@ -122,36 +105,35 @@ def row_launch(spec):
     return dict(STRATEGIES[spec["strategy"]], gpu_ids=[0] if spec["device"] == "cuda" else None)
 
 
+def row_arch(spec):
+    from examples.wan.model import WAN22_TI2V_5B
+    return TINY_ARCH if spec["tiny"] else WAN22_TI2V_5B
+
+
+def row_latent_shape(spec):
+    from examples.wan.model import latent_shape
+    return latent_shape(spec["frames"], spec["height"], spec["width"], channels=row_arch(spec)["in_channels"])
+
+
 def row_data(spec, folder):
     """The row's synthetic samples (the same files for both sides: same shapes, same seed)."""
-    from examples.wan.model import latent_shape
     from examples.wan.samples import write_synthetic_dataset
-    shape = latent_shape(spec["frames"], spec["height"], spec["width"],
-                         channels=TINY_ARCH["in_channels"] if spec["tiny"] else 48)
-    write_synthetic_dataset(folder, 2, shape, spec["text_shape"], seed=0)
-    return shape
+    write_synthetic_dataset(folder, 2, row_latent_shape(spec), spec["text_shape"], seed=0)
 
 
 def run_row(spec, result_path):
     """In the row's own process: build the data, train, write the row as JSON."""
-    import torch
-
     from giga_train import launch_from_config
     with tempfile.TemporaryDirectory(prefix="wan_bench_") as tmp:
         data_dir = os.path.join(tmp, "data")
         row_data(spec, data_dir)
         cfg = row_config(spec, data_dir, os.path.join(tmp, "project"))
-        trainer = None
         try:
-            trainer = launch_from_config(cfg)
-            row = dict(status="ok", step_s=trainer.clock.mean_step_s(), loss=trainer.last_loss.item(),
-                       init_s=trainer.init_seconds, params=trainer.num_params, **trainer.clock.memory_row())
+            row = launch_from_config(cfg).result()
         except Exception as error:  # OOM and anything else: a row that says what happened
             row = dict(status="oom" if is_oom(error) else "error",
-                       error=f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}")
-        row["peak_gib"] = peak_memory_gib(spec["device"], trainer.clock if trainer else None)
-        if spec["device"] == "cuda":
-            row["reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+                       error=f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}",
+                       **memory_fields(spec["device"]))
     with open(result_path, "w") as f:
         json.dump(row, f)
 
@@ -173,13 +155,11 @@ def gigatrain_config(spec, data_dir, project_dir, launch, optimizer, arch):
 def gigatrain_command(spec, tmp, args):
     """The command and environment of a GigaTrain row: bench/wan_gigatrain.py under GigaTrain's giga_train
     (args.gigatrain_path first on PYTHONPATH, our checkout off it) with the row's data and config."""
-    from examples.wan.model import WAN22_TI2V_5B
     data_dir = os.path.join(tmp, "data")
     row_data(spec, data_dir)
     launch = dict(row_launch(spec), gpu_ids=[0])  # GigaTrain's Launcher needs GPU ids even on CPU
     config = gigatrain_config(spec, data_dir, os.path.join(tmp, "project"), launch,
-                              optimizer_config(spec["optimizer"], spec["device"]),
-                              TINY_ARCH if spec["tiny"] else WAN22_TI2V_5B)
+                              optimizer_config(spec["optimizer"], spec["device"]), row_arch(spec))
     env = dict(os.environ)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != ROOT]
     env["PYTHONPATH"] = os.pathsep.join(([args.gigatrain_path] if args.gigatrain_path else []) + paths)
@@ -206,29 +186,33 @@ def spawn_row(spec, timeout, args):
             run = subprocess.run(command + ["--row-result", result_path], cwd=cwd, env=env, capture_output=True,
                                  text=True, timeout=timeout)
             output = (run.stdout + run.stderr).strip().splitlines()
-            if not os.path.exists(result_path) or os.path.getsize(result_path) == 0:
+            row = finished_row(result_path)
+            if row is None:
                 print("\n".join(output[-80:]), file=sys.stderr)
                 # the cause, not the launcher's summary after it (GigaTrain's Launcher even exits 0 then)
                 cause = next((line for line in output if "OutOfMemoryError" in line), None) or \
                     next((line for line in reversed(output) if "Error" in line), output[-1] if output else "")
                 return dict(base, status="oom" if "OutOfMemoryError" in cause else "error",
                             error=f"exit {run.returncode}: {cause.strip()}"[:300])
-            with open(result_path) as f:
-                row = json.load(f)
             if row["status"] == "error":
                 print("\n".join(output[-20:]), file=sys.stderr)
         except subprocess.TimeoutExpired:
-            if not os.path.exists(result_path) or os.path.getsize(result_path) == 0:
+            row = finished_row(result_path)  # the row may have finished and only the process's exit hung
+            if row is None:
                 return dict(base, status="timeout", error=f"killed after {timeout:.0f} s (time budget)")
-            with open(result_path) as f:  # the row finished; only the process's exit hung
-                row = json.load(f)
     return dict(base, **row, **row_shape(spec))
 
 
+def finished_row(path):
+    """The row a process wrote, or None where it wrote none."""
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def row_shape(spec):
-    from examples.wan.model import latent_shape
-    shape = latent_shape(spec["frames"], spec["height"], spec["width"],
-                         channels=TINY_ARCH["in_channels"] if spec["tiny"] else 48)
+    shape = row_latent_shape(spec)
     return dict(latents=list(shape), tokens=shape[1] * (shape[2] // 2) * (shape[3] // 2))
 
 

@@ -32,7 +32,7 @@ from giga_train import Launcher, Trainer  # noqa: E402
 from examples.wan.flow_matching import (flow_matching_loss, noisy_latents, sample_sigmas,  # noqa: E402
                                         timesteps_from_sigmas, velocity_target)
 from examples.wan.samples import read_sample  # noqa: E402
-from step_clock import StepClock, TimedLoad, peak_memory_gib  # noqa: E402
+from step_clock import TimedSteps  # noqa: E402
 
 RESULT = "WAN_BENCH_RESULT"  # where the training process writes its row (it may be accelerate's child)
 
@@ -49,7 +49,9 @@ class SampleFolder(Dataset):
         return read_sample(self.files[index], self.text_len)
 
 
-class GigaTrainWanTrainer(TimedLoad, Trainer):
+class GigaTrainWan(Trainer):
+    """The Wan fine-tune as a GigaTrain 1.1.0 project writes it."""
+
     def get_dataloaders(self, data_config):
         dataset = SampleFolder(data_config.root, data_config.text_len)
         # GigaTrain's loop draws max_steps batches from one iterator: the sampler must not run out
@@ -67,15 +69,9 @@ class GigaTrainWanTrainer(TimedLoad, Trainer):
         arch["patch_size"] = tuple(arch["patch_size"])
         self.flow_shift = model_config.flow_shift
         with torch.device(self.device):  # as our WanTrainer: random init on the training device
-            model = WanTransformer3DModel(**arch)
-        self.num_params = sum(p.numel() for p in model.parameters())
-        self.clock = None
-        return model
+            return WanTransformer3DModel(**arch)
 
     def forward_step(self, batch_dict):
-        if self.clock is None:
-            self.clock = StepClock(self.device)
-        self.clock.mark("start")  # the first step's: building and placing the model
         x0 = batch_dict["latents"].float()
         noise = torch.randn_like(x0)
         sigmas = sample_sigmas(x0.shape[0], self.flow_shift, device=x0.device)
@@ -83,27 +79,20 @@ class GigaTrainWanTrainer(TimedLoad, Trainer):
         prediction = self.model(hidden_states=noisy_latents(x0, noise, sigmas).to(dtype),
                                 timestep=timesteps_from_sigmas(sigmas),
                                 encoder_hidden_states=batch_dict["text_embeds"].to(dtype), return_dict=False)[0]
-        self.last_loss = flow_matching_loss(prediction, velocity_target(x0, noise))
-        self.clock.mark("forward")
-        return self.last_loss
+        return flow_matching_loss(prediction, velocity_target(x0, noise))
 
-    def backward_step(self, loss):
-        self.accelerator.backward = self.clock.marking("backward", self.accelerator.backward)
-        super().backward_step(loss)
 
-    def save_checkpoint_step(self):  # timed instead: a 5B checkpoint is minutes of I/O, not the step
-        self.clock.tick()
+class GigaTrainWanTrainer(TimedSteps, GigaTrainWan):
+    """The project, timed as bench/wan.py times ours (bench/step_clock.py); it writes the row at the end."""
+
+    def backward_owner(self):
+        return self.accelerator
 
     def train(self):
         super().train()
         if self.is_main_process:
-            row = dict(status="ok", step_s=self.clock.mean_step_s(), loss=self.last_loss.item(),
-                       init_s=self.init_seconds, params=self.num_params,
-                       peak_gib=peak_memory_gib(self.device, self.clock), **self.clock.memory_row())
-            if self.device.type == "cuda":
-                row["reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
             with open(os.environ[RESULT], "w") as f:
-                json.dump(row, f)
+                json.dump(self.result(), f)
 
 
 def run_row(spec, config, result_path):
