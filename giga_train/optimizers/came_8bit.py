@@ -135,12 +135,14 @@ class CAME8Bit(torch.optim.Optimizer):
         for k, pc in enumerate(layout.whole):
             view, gview = self._view(flat, pc), pc.view(grad)
             st = pieces.get(pc.name)
-            if st is None:
+            fresh = st is None
+            if fresh:
                 st = pieces[pc.name] = dict(frag_start=0, frag_numel=pc.total, block_size=self.block_size)
                 came_torch.init_state(view, st, self.block_size, self.min_8bit_size, lazy=True)
             kind = self._kernel_kind(view, st, gview)
             if kind is None:
-                came_torch.materialize_(st, view.device)
+                if fresh:
+                    came_torch.materialize_(st, view.device)
                 came_torch.came_step_(view, gview, st, group, self.block_size, (gi, k), skip)
             else:
                 kernel_work.setdefault(kind, []).append(((gi, k), view, gview, st))
@@ -188,11 +190,13 @@ class CAME8Bit(torch.optim.Optimizer):
                 if p.grad.is_sparse:
                     raise RuntimeError("CAME8Bit does not support sparse gradients")
                 state = self.state[p]
-                if len(state) == 0:  # lazy: a bucket allocates it once (a DTensor's is made at once)
+                fresh = len(state) == 0
+                if fresh:  # lazy: a bucket allocates it once (a DTensor's is made at once)
                     came_torch.init_state(p, state, self.block_size, self.min_8bit_size, lazy=True)
                 kind = self._kernel_kind(p, state, p.grad)
                 if kind is None:
-                    came_torch.materialize_(state, p.device)
+                    if fresh:  # only a state made just now can be lazy: later steps skip the look
+                        came_torch.materialize_(state, p.device)
                     came_torch.came_step_(p, p.grad, state, group, self.block_size, (gi, pi), skip)
                 else:
                     kernel_work.setdefault(kind, []).append(((gi, pi), p, p.grad, state))
