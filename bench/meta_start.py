@@ -29,7 +29,7 @@ sys.path.insert(0, ROOT)
 
 from bench.llama import SHAPES, Llama, SyntheticTokens, rope_tables  # noqa: E402
 from giga_train import Trainer, launch_from_config, load_safetensors_shards  # noqa: E402
-from giga_train.distributed.meta_start import gathered  # noqa: E402
+from giga_train.engine.meta_start import gathered  # noqa: E402
 
 # ~52M parameters (210 MB fp32): big enough that a whole copy per rank shows beside torch's own ~0.4 GB
 BENCH_SHAPES = dict(SHAPES, cpu200=replace(SHAPES["tiny"], dim=768, layers=4, heads=12, kv_heads=12, ffn=2048,

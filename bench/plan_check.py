@@ -14,7 +14,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from giga_train.plan import plan  # noqa: E402
+from giga_train.tools.plan import plan  # noqa: E402
 
 
 def measured_rows(paths):

@@ -4,18 +4,18 @@ from . import utils  # noqa: F401  (giga_train.utils, as GigaTrain has it)
 from .config import Config, load_config
 from .data import DefaultSampler
 from .data.samplers import ParallelBatchSampler, build_sampler
-from .distributed.launch import launch_from_config
-from .distributed.meta_start import load_safetensors_shards
-from .ema import EMAModel
+from .launch.launcher import launch_from_config
+from .engine.meta_start import load_safetensors_shards
+from .compat.ema_model import EMAModel
 from .errors import ConfigError
 from .module_dict import ModuleDict
 from .optimizers import build_optimizer
 from .registry import (DATASETS, OPTIMIZERS, SAMPLERS, TRANSFORMS, Registry, build_module, build_transform,
                        merge_params)
 from .schedulers import SCHEDULERS, build_scheduler
-from .ssh import ssh_copy_id
+from .compat.ssh import ssh_copy_id
 from .trainers import Tester, Trainer
-from .utils import module_auto_wrap_policy, setup_environment
+from .compat.utils import module_auto_wrap_policy, setup_environment
 
 __version__ = "0.1.0"
 

@@ -39,25 +39,25 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         if args.command == "plan":
-            from .plan import plan_command
+            from .tools.plan import plan_command
             plan_command(args)
             return 0
         if args.command == "export":
-            from .export import export
+            from .tools.export import export
             print(export(args.checkpoint, args.out, ema=args.ema, config=args.config,
                          max_shard_size=args.max_shard_size, merged=args.merged))
             return 0
         if args.command == "convert":
-            from .checkpoint.convert import convert
+            from .tools.convert import convert
             print(convert(args.checkpoint, args.to, args.out))
             return 0
         if args.command == "check":
-            from .runners import validated_runners
+            from .launch.runners import validated_runners
             cfg = load_config(args.config, args.overrides)
             validated_runners(cfg)
             print(f"{args.config}: ok ({', '.join(cfg.runners)})")
             return 0
-        from .distributed.launch import launch_from_config
+        from .launch.launcher import launch_from_config
         launch_from_config(args.config, overrides=args.overrides)
     except (ConfigError, RegistryError) as e:  # bad input: one line naming the key, file or value
         print(f"giga-train: error: {e}", file=sys.stderr)

@@ -141,7 +141,7 @@ def streams(work):
             doc["gigatrain"][f"{name}/{world_size}"] = gigatrains(paths, name, world_size)
     doc["workers"] = {name: ours(paths, name, 1, workers=2) for name in ("bucket_batch", "default")}
     from giga_train import SAMPLERS as registry
-    from giga_train.data.giga_datasets import SAMPLER_NAMES
+    from giga_train.compat.giga_datasets import SAMPLER_NAMES
     doc["registered"] = {name: registry.get(name).__module__ for name in SAMPLER_NAMES + ("DefaultSampler",)}
     doc["leaks"] = leaks()
     return doc

@@ -9,7 +9,7 @@ from torch import nn
 
 from examples.char_lm import data  # noqa: F401  (registers StdlibText)
 from giga_train import Trainer, load_safetensors_shards
-from giga_train.distributed.meta_start import reset_parameters
+from giga_train.engine.meta_start import reset_parameters
 
 
 class Block(nn.Module):

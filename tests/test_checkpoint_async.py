@@ -11,7 +11,7 @@ import torch
 
 from giga_train import launch_from_config
 from giga_train.checkpoint import list_checkpoints, read_weights
-from giga_train.checkpoint.convert import read_state
+from giga_train.tools.convert import read_state
 from tests.distributed import job
 from tests.test_disk_full import LIMITED
 from tests.tiny import TinyTrainer, tiny_config

@@ -6,7 +6,7 @@ from torch._dynamo.utils import counters
 from bench.llama import Llama, shape_of
 from examples.char_lm.model import CharLM
 from giga_train import launch_from_config
-from giga_train.compile import block_classes, check_dynamo_config, compile_model
+from giga_train.engine.compile import block_classes, check_dynamo_config, compile_model
 from giga_train.errors import ConfigError
 from tests.distributed import assert_same_weights, final_weights, job, reference
 from tests.tiny import MODEL, tiny_config

@@ -8,7 +8,7 @@ import torch
 
 from giga_train import launch_from_config
 from giga_train.checkpoint import list_checkpoints, read_meta
-from giga_train.checkpoint.portable import read_dcp
+from giga_train.checkpoint.formats.full_state import read_dcp
 from tests.distributed import assert_same_weights, final_weights, job
 from tests.tiny import TinyTrainer
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from giga_train import EMAModel
-from giga_train.ema import EMA, save_ema, warmup_decay
+from giga_train.compat.ema_model import save_ema, warmup_decay
+from giga_train.trainers.ema import EMA
 from tests.ref_compare import compare_with_reference
 
 

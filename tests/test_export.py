@@ -152,7 +152,7 @@ def test_export_refuses_a_model_without_save_pretrained(tmp_path, capsys):
 
 def test_export_from_deepspeed_takes_its_fp32_master_weights(tmp_path):
     pytest.importorskip("deepspeed")
-    from giga_train.checkpoint.convert import read_state
+    from giga_train.tools.convert import read_state
     launch = dict(distributed_type="DEEPSPEED", deepspeed_config=dict(deepspeed_config_file="zero2.json"))
     _, checkpoint = run(tmp_path, "LlamaTrainer", launch=launch, mixed_precision="bf16")
     assert main(["export", checkpoint, "--to", "hf"]) == 0

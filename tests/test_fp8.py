@@ -9,7 +9,7 @@ from torch import nn
 from bench.llama import Llama, shape_of
 from examples.char_lm.model import CharLM
 from giga_train.errors import ConfigError
-from giga_train.fp8 import check_fp8_config, convert_to_float8, float8_linear_names, head_names
+from giga_train.engine.fp8 import check_fp8_config, convert_to_float8, float8_linear_names, head_names
 from tests.tiny import MODEL
 
 

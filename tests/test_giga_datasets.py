@@ -193,7 +193,7 @@ def test_a_folder_without_the_package_is_one_line(tmp_path, monkeypatch):
 
 def test_a_giga_datasets_sampler_without_the_package_is_one_line(tmp_path, monkeypatch):
     from giga_train import load_config
-    from giga_train.runners import validated_runners
+    from giga_train.launch.runners import validated_runners
     from tests.tiny import tiny_config
     without_giga_datasets(monkeypatch)
     cfg = tiny_config(tmp_path / "run")

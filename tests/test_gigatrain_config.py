@@ -7,10 +7,10 @@ import pytest
 
 from giga_train import ConfigError, load_config
 from giga_train.cli import main
-from giga_train.runners import validated_runners
+from giga_train.launch.runners import validated_runners
 from giga_train.schema import TRAIN, checkpoint_steps, edit_distance, near_miss, resolve_logging_dir, train_kwargs
 from giga_train.schema import tester_kwargs as kwargs_of_test
-from giga_train.schema_accelerate import normalise_deepspeed, normalise_fsdp
+from giga_train.compat.accelerate import normalise_deepspeed, normalise_fsdp
 from tests.tiny import tiny_config
 
 

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from giga_train import ModuleDict
-from giga_train.checkpoint.convert import read_state
-from giga_train.checkpoint.gigatrain_import import is_gigatrain_checkpoint, read_gigatrain_checkpoint
+from giga_train.tools.convert import read_state
+from giga_train.compat.gigatrain_checkpoint import is_gigatrain_checkpoint, read_gigatrain_checkpoint
 from giga_train.errors import CheckpointError, ConfigError
 from giga_train.optimizers.came_8bit import CAME8Bit
 from giga_train.optimizers.group import OptimizerGroup
@@ -281,7 +281,7 @@ def test_came8bit_state_of_a_wide_convolution_becomes_our_factors():
     """GigaTrain's CAME8Bit keeps a whole second moment for a 3x3 convolution (its form, as its step writes
     it: step an int, RMS, exp_avg and exp_avg_sq full tensors), ours its row/column factors: they are its
     means, and our optimizer steps on from the converted state."""
-    from giga_train.checkpoint.gigatrain_import import _came_state
+    from giga_train.compat.gigatrain_checkpoint import _came_state
     conv = torch.nn.Conv2d(3, 4, 3)
     torch.manual_seed(1)
     theirs = dict(step=5, RMS=torch.tensor(0.2), exp_avg=torch.randn(4, 3, 3, 3) * 1e-2,

@@ -7,22 +7,25 @@ import giga_train
 
 ROOT = os.path.dirname(giga_train.__file__)
 
-# Lowest first. A module belongs to the longest prefix listed; it may import its own layer and lower ones.
-LAYERS = [
-    ["errors"],
-    ["config", "registry", "module_dict", "precision", "blocks", "utils", "ssh", "checks"],
-    # distributed.deepspeed_config: a pure config resolver (the schema checks DeepSpeed JSON with it)
-    ["schema", "schema_keys", "schema_launch", "schema_train", "schema_loader", "schema_accelerate", "schema_data",
-     "compile", "fp8", "ema", "schedulers", "optimizers", "data", "tracking",
-     "distributed.deepspeed_config",
-     "strategies"],  # giga_train.strategies: GigaTrain's import paths for EMAModel & co.
-    ["checkpoint"],
-    ["distributed"],
-    ["trainers"],
-    # offline, memory_counts, plan, export: the config's Trainer hooks without a run (giga-train plan / export)
-    ["runners", "offline", "memory_counts", "plan", "export", "distributed.launch", "distributed.worker", "cli",
-     "__main__", "__init__"],
-]
+# One line per folder, lowest first: a module may import its own layer and lower ones. The package root holds
+# two lines: its base modules (imported by everyone) and its top (the CLI, the public API, GigaTrain's import
+# paths giga_train.utils and giga_train.strategies, which re-export compat/).
+LAYERS = {
+    "(root base)": (0, ["errors", "config", "registry", "module_dict"]),
+    "distributed": (1, ["distributed"]),
+    "optimizers": (1, ["optimizers"]),
+    "schedulers": (1, ["schedulers"]),
+    "tracking": (1, ["tracking"]),
+    "checkpoint": (2, ["checkpoint"]),
+    "engine": (3, ["engine"]),
+    "compat": (4, ["compat"]),
+    "data": (5, ["data"]),
+    "schema": (6, ["schema"]),
+    "trainers": (7, ["trainers"]),
+    "launch": (8, ["launch"]),
+    "tools": (9, ["tools"]),
+    "(root top)": (10, ["cli", "__main__", "__init__", "utils", "strategies"]),
+}
 
 
 def modules():
@@ -62,13 +65,10 @@ def edges(found):
 
 
 def layer(name):
-    best, level = -1, None
-    for index, prefixes in enumerate(LAYERS):
-        for prefix in prefixes:
-            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > best:
-                best, level = len(prefix), index
-    assert level is not None, f"giga_train.{name} is in no layer: add it to LAYERS"
-    return level
+    for level, prefixes in LAYERS.values():
+        if any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes):
+            return level
+    raise AssertionError(f"giga_train.{name} is in no layer: add its folder to LAYERS")
 
 
 def test_no_module_imports_a_higher_layer():
@@ -101,4 +101,11 @@ def test_the_checker_sees_edges():
     """The graph is not empty by accident: known edges are found (a relative and a lazy import)."""
     graph = edges(modules())
     assert "errors" in graph["config"] and "checkpoint.checkpointer" in graph["trainers.trainer"]
-    assert "checkpoint.portable" in graph["checkpoint.convert"]  # imported inside a function
+    assert "checkpoint.formats.full_state" in graph["tools.convert"]  # imported inside a function
+
+
+def test_every_folder_is_one_layer_line():
+    """Each folder of the package appears in LAYERS as one line of its own, and nothing else does."""
+    folders = {name.split(".")[0] for name in modules() if "." in name}
+    listed = {key for key in LAYERS if not key.startswith("(")}
+    assert folders - {"strategies"} == listed, (folders, listed)

@@ -10,8 +10,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from giga_train import launch_from_config
 from giga_train.cli import main
-from giga_train.distributed.activation_checkpointing import apply_activation_checkpointing
-from giga_train.plan import parse_card, per_gpu, plan
+from giga_train.engine.activation_checkpointing import apply_activation_checkpointing
+from giga_train.tools.plan import parse_card, per_gpu, plan
 from tests.tiny import MODEL, CharLM, TinyTrainer, tiny_config
 
 OPTIMIZERS = [dict(type="AdamW", lr=3e-3, weight_decay=0.01), dict(type="CAME8Bit", lr=1e-3),
@@ -84,7 +84,7 @@ def test_plan_activations_match_a_real_forward(tmp_path):
 
 
 def test_plan_strategy_arithmetic_and_bad_input(capsys):
-    from giga_train.memory_counts import ParameterCount
+    from giga_train.tools.memory_counts import ParameterCount
     params = ParameterCount(numel=100, trainable_numel=80, bytes=400, trainable_bytes=320, units=[30, 30],
                             root_numel=40)
     # ZeRO-2 bf16 on 4 GPUs: bf16 weights whole; bf16 + fp32 gradients, masters and state over 4

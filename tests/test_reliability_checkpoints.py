@@ -96,7 +96,7 @@ def test_the_newest_finite_checkpoint_is_never_rotated_away(tmp_path, monkeypatc
 
 
 def fake_checkpoint(models, step, manager, finite=True):
-    from giga_train.checkpoint.state import save_weights
+    from giga_train.checkpoint.formats.weights import save_weights
     tmp = manager.begin(0, step)
     save_weights(os.path.join(tmp, "model"), {"w": torch.full((2,), float("nan") if not finite else 1.0)})
     return manager.commit(tmp, {"step": step})
@@ -257,8 +257,8 @@ def test_disk_error_reads_torch_checkpoint_exceptions():
 
 
 def test_nan_config_values_are_refused():
-    """giga_train.checks.refuse_nan: the schema's call (validate_config) refuses max_grad_norm=nan."""
-    from giga_train.checks import refuse_nan
+    """giga_train.schema.values.refuse_nan: the schema's call (validate_config) refuses max_grad_norm=nan."""
+    from giga_train.schema.values import refuse_nan
     from giga_train.config import ConfigError, load_config
     cfg = load_config(tiny_config("unused", max_grad_norm=float("nan")))
     with pytest.raises(ConfigError, match=r"^train\.max_grad_norm: nan is not a number"):

@@ -16,13 +16,13 @@ from torch.distributed.tensor import DTensor
 
 from giga_train import launch_from_config
 from giga_train.checkpoint import list_checkpoints, read_meta, read_weights
-from giga_train.checkpoint.convert import convert
-from giga_train.checkpoint.layout import write_shards
+from giga_train.tools.convert import convert
+from giga_train.checkpoint.formats.model_layout import write_shards
 from giga_train.checkpoint.manager import weights_finite
-from giga_train.checkpoint.portable import read_dcp_whole
+from giga_train.checkpoint.formats.full_state import read_dcp_whole
 from giga_train.checkpoint.safe_unpickle import load_metadata
 from giga_train.errors import ConfigError
-from giga_train.export import read_weights as export_weights
+from giga_train.tools.export import read_weights as export_weights
 from giga_train.trainers.runner import Runner
 from tests.distributed import job
 from tests.tiny import TinyTrainer

@@ -7,7 +7,7 @@ import torch
 
 from giga_train import Trainer, launch_from_config
 from giga_train.checkpoint import list_checkpoints, read_weights
-from giga_train.distributed.activation_checkpointing import apply_activation_checkpointing
+from giga_train.engine.activation_checkpointing import apply_activation_checkpointing
 from examples.char_lm.model import CharLM
 from tests.tiny import MODEL, tiny_config
 

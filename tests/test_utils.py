@@ -105,7 +105,7 @@ class FakeClient:
 
 
 def test_ssh_copy_id_authorizes_every_key_everywhere(monkeypatch):
-    import giga_train.ssh as ssh
+    import giga_train.compat.ssh as ssh
     clients = {}
     monkeypatch.setattr(ssh, "_connect", lambda ip, user, password, port: clients.setdefault(ip, FakeClient(ip)))
     ssh_copy_id(["10.0.0.1", "10.0.0.2"], "root", "secret", 22)

@@ -18,13 +18,13 @@ import torch
 
 from ..errors import TrainingStopped
 from .async_writer import AsyncWriter
-from .layout import (EMA_SUFFIX, SHARDS_KEY, is_sharded, layout_meta, read_weights, shards_folder, write_live,
+from .formats.model_layout import (EMA_SUFFIX, SHARDS_KEY, is_sharded, layout_meta, read_weights, shards_folder, write_live,
                      write_model_folders, write_shards)
 from .manager import CheckpointManager, disk_error, free_bytes, read_meta
-from .portable import deepspeed_meta, read_dcp, read_deepspeed
+from .formats.full_state import deepspeed_meta, read_dcp, read_deepspeed
 from .safe_unpickle import load_dcp
-from .snapshot import host_copy
-from .state import rng_state, set_rng_state
+from .host_copy import host_copy
+from .formats.weights import rng_state, set_rng_state
 
 log = logging.getLogger("giga_train")
 TRAINING_STATE, EMA_CONFIG = "training_state.pt", "ema_config.json"

@@ -145,7 +145,7 @@ class CheckpointManager:
         """Record the files' checksums, the weights' finiteness, the write time and the lineage in
         meta.json (written last), make it durable, rename into place, then apply the rolling limit."""
         from .checksums import folder_checksums
-        from .layout import live_weights
+        from .formats.model_layout import live_weights
         finite = weights_finite([os.path.join(tmp, path) for path in live_weights(meta)])
         meta = dict(meta, saved_at=time.time(), save_id=uuid.uuid4().hex, parent=self.parent,
                     finite=finite, files=folder_checksums(tmp))

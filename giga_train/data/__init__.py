@@ -1,4 +1,4 @@
-from .giga_datasets import open_dataset
+from ..compat.giga_datasets import open_dataset
 from .loader import DataStream, LoaderStream, as_stream, build_dataset, build_stream
 from .samplers import DefaultSampler
 from .streaming import StreamingData

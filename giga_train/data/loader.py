@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from ..errors import ConfigError
 from ..registry import SAMPLERS, TRANSFORMS
 from .device import to_device
-from .giga_datasets import load_dataset, open_dataset
+from ..compat.giga_datasets import load_dataset, open_dataset
 from .samplers import DefaultSampler, EpochPlan
 from .streaming import StreamingData, is_streaming
 

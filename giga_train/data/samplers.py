@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Sampler
 
 from ..registry import SAMPLERS, build_module
-from .giga_datasets import register_samplers
+from ..compat.giga_datasets import register_samplers
 
 
 @SAMPLERS.register

@@ -12,9 +12,9 @@ from ..checkpoint import list_checkpoints
 from ..config import Config, load_config
 from ..distributed.env import setup_environment
 from ..errors import ConfigError
-from ..precision import AUTOCAST_DTYPES
-from ..schema import validate_config
-from ..schema_train import resolve_logging_dir
+from ..engine.precision import AUTOCAST_DTYPES
+from ..schema.validate import validate_config
+from ..schema.train import resolve_logging_dir
 from ..tracking import text_logger
 
 log = logging.getLogger("giga_train")
@@ -163,7 +163,7 @@ class Runner:
         paths = [self._checkpoint_path(c) for c in (checkpoint if isinstance(checkpoint, (list, tuple)) else [checkpoint])]
         missing = [p for p in paths if not os.path.exists(p)]
         if missing:
-            from ..checkpoint.layout import sharded_folder_hint
+            from ..checkpoint.formats.model_layout import sharded_folder_hint
             raise ConfigError(f"checkpoint {missing[0]}: no such folder{sharded_folder_hint(missing[0])}")
         return paths if isinstance(checkpoint, (list, tuple)) else paths[0]
 

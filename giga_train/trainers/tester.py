@@ -10,8 +10,8 @@ import torch
 from ..data import open_dataset
 from ..data.device import to_device
 from ..registry import TRANSFORMS
-from ..schema_train import tester_kwargs
-from ..utils import as_list
+from ..schema.train import tester_kwargs
+from ..compat.utils import as_list
 from .runner import Runner
 
 log = logging.getLogger("giga_train")

@@ -21,24 +21,25 @@ import torch
 
 from ..checkpoint.checkpointer import Checkpointer
 from ..data import as_stream, build_stream
-from ..distributed.activation_checkpointing import apply_activation_checkpointing
-from ..distributed.meta_start import building_context, default_init_weights, rank0_loading
-from ..distributed.parallelize import parallelize
+from ..engine.activation_checkpointing import apply_activation_checkpointing
+from ..engine.meta_start import building_context, default_init_weights, rank0_loading
+from ..engine.parallelize import parallelize
 from ..distributed.preemption import PreemptionSignals
-from ..ema import EMA
+from .ema import EMA
 from ..errors import ConfigError
-from ..fp8 import convert_to_float8
+from ..engine.fp8 import convert_to_float8
 from ..optimizers import build_optimizer
 from ..optimizers.group import OptimizerGroup
+from .. import engine  # noqa: F401  (registers the strategies)
 from ..registry import STRATEGIES
 from ..schedulers import SCHEDULERS
-from ..schema_train import train_kwargs
+from ..schema.train import train_kwargs
 from ..tracking import MetricLogger, PerfMeter, StepProfiler, hparams
 from ..tracking.metrics import MetricSums
 from .best_checkpoint import BestCheckpoint
-from .checkpoint_hooks import CheckpointHooks
+from .checkpointing import CheckpointHooks
 from .nan_guard import NanGuard, SchedulerRewind
-from ..utils import as_list
+from ..compat.utils import as_list
 from .runner import Runner
 from .validation import Validator
 

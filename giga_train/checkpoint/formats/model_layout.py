@@ -1,0 +1,207 @@
+"""GigaTrain's model layout inside a checkpoint folder, and reading the weights back from it.
+
+    checkpoint_epoch_E_step_S/
+      <name>/        one folder per ModuleDict member (a single model: the trainer's `model_name`, default
+                     'model'): config.json when the module can write one, and its weights under the file name
+                     of its kind, so that diffusers' and transformers' `from_pretrained` read the folder
+      <name>_ema/    with EMA: the same for the averaged weights (ema_config.json beside them)
+      model.safetensors   with EMA: the live weights, keys of the whole model (GigaTrain leaves them to
+                     Accelerate's file of this name, safetensors by default; its member folders then hold
+                     only EMA). Resume reads them; tools read the folders.
+
+With launch.fsdp_config.fsdp_state_dict_type='SHARDED_STATE_DICT' (FSDP) no rank gathers the model: each
+writes its own shards into `model_dcp/` (and `ema_dcp/` with EMA), torch.distributed.checkpoint folders
+keyed by the whole model's names, and there are no model folders; resume (any world size, any strategy),
+`giga-train export` and `convert` read them (read_weights).
+
+meta.json's `layout` records the folders and their key prefixes, so a checkpoint reads back without the
+model that wrote it; checkpoints written before (no `layout`: `model/`, `model_ema/`) still read."""
+import copy
+import json
+import os
+import sys
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from ...module_dict import ModuleDict
+from .weights import SAFETENSORS_WEIGHTS_NAME, WEIGHTS_NAME, load_state_dict
+from .full_state import read_dcp_whole
+from .weights import FINITE_KEY, load_weights, write_tensors
+
+LIVE_WITH_EMA = "model.safetensors"  # Accelerate's name, where GigaTrain's live weights are with EMA on
+MODEL_SHARDS, EMA_SHARDS = "model_dcp", "ema_dcp"  # SHARDED_STATE_DICT: each rank's shards
+SHARDS_KEY = "model"
+EMA_SUFFIX = "_ema"
+CONFIG = "config.json"
+
+
+def model_folders(module, model_name="model"):
+    """[(folder, key prefix, submodule)]: one per member of our ModuleDict (GigaTrain splits its own
+    ModuleDict only), else the whole module under `model_name`."""
+    if isinstance(module, ModuleDict):
+        return [(name, name + ".", member) for name, member in module.items()]
+    return [(model_name, "", module)]
+
+
+def layout_meta(module, model_name, ema, sharded=False):
+    """meta.json's `layout`: {folder: key prefix} and where the live weights are (for reading back and
+    for the finiteness check of rotation); `sharded`: the weights are in MODEL_SHARDS (and EMA_SHARDS)."""
+    folders = {folder: prefix for folder, prefix, _ in model_folders(module, model_name)}
+    if sharded:
+        return dict(models=folders, live=[MODEL_SHARDS], sharded=True)
+    return dict(models=folders, live=[LIVE_WITH_EMA] if ema else sorted(folders))
+
+
+def is_sharded(meta):
+    """Whether the checkpoint a meta.json describes holds the model as each rank's shards."""
+    layout = meta.get("layout")
+    return isinstance(layout, dict) and bool(layout.get("sharded"))
+
+
+def shards_folder(checkpoint, ema=False):
+    return os.path.join(checkpoint, EMA_SHARDS if ema else MODEL_SHARDS)
+
+
+def sharded_folder_hint(path):
+    """What to do when model folder `path` is missing from a checkpoint that holds the model as shards
+    ('' when `path` is not in such a checkpoint)."""
+    checkpoint = os.path.dirname(os.path.normpath(path))
+    try:
+        with open(os.path.join(checkpoint, "meta.json")) as f:
+            sharded = is_sharded(json.load(f))
+    except (OSError, ValueError):
+        return ""
+    return (f" ({checkpoint} holds the model as each rank's shards, fsdp_state_dict_type='SHARDED_STATE_DICT':"
+            f" `giga-train export {checkpoint} --to hf` or `convert {checkpoint} --to full` writes its weights)"
+            if sharded else "")
+
+
+def write_shards(folder, state, process_group=None):
+    """Every rank writes its own shards of `state` (DTensors; a tensor every rank holds whole is written
+    once) into the DCP folder `folder`: a collective over `process_group`, with no gather of the model.
+    Whether every shard was finite goes into the file FINITE_KEY beside them (rotation reads it)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    dcp.save({SHARDS_KEY: state}, checkpoint_id=folder, process_group=process_group)
+    finite = [all(bool(torch.isfinite(t).all()) for v in state.values() for t in _local_parts(v)
+                  if t.is_floating_point())]
+    if dist.is_initialized():
+        everyone = [None] * dist.get_world_size(process_group)
+        dist.all_gather_object(everyone, finite[0], group=process_group)
+        finite = everyone
+    if not dist.is_initialized() or dist.get_rank(process_group) == 0:
+        with open(os.path.join(folder, FINITE_KEY), "w") as f:
+            f.write("true" if all(finite) else "false")
+
+
+def _local_parts(value):
+    """The tensors this rank holds of a state dict value: a DTensor's shard, FSDP1's ShardedTensor's."""
+    if isinstance(value, DTensor):
+        return [value.to_local()]
+    if callable(getattr(value, "local_shards", None)):
+        return [shard.tensor for shard in value.local_shards()]
+    return [value] if isinstance(value, torch.Tensor) else []
+
+
+def live_weights(meta):
+    """The paths (relative to the checkpoint) of the live weights a meta.json describes."""
+    layout = meta.get("layout")
+    return layout["live"] if isinstance(layout, dict) else ["model"]
+
+
+def write_live(root, module, state, model_name, ema, safe):
+    """The live weights: the model folders, or (with EMA, as GigaTrain) one file at the root."""
+    if ema:
+        write_tensors(os.path.join(root, LIVE_WITH_EMA), state, safe=True)
+    else:
+        write_model_folders(root, module, state, model_name, safe)
+
+
+def write_model_folders(root, module, state, model_name, safe, suffix=""):
+    """`<name><suffix>/` per model folder: config.json (when the module can write one) and its weights."""
+    for folder, prefix, member in model_folders(module, model_name):
+        path = os.path.join(root, folder + suffix)
+        os.makedirs(path, exist_ok=True)
+        write_config(path, member)
+        part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        write_tensors(os.path.join(path, weights_name(member, safe)), part, safe)
+
+
+def weights_name(module, safe):
+    """transformers' name for its models (what its from_pretrained looks for); GigaTrain's (diffusers')
+    for every other module, as GigaTrain names them all."""
+    if _is_transformers_model(module):
+        return "model.safetensors" if safe else "pytorch_model.bin"
+    return SAFETENSORS_WEIGHTS_NAME if safe else WEIGHTS_NAME
+
+
+def write_config(folder, module):
+    """config.json: `save_config(folder)` where the module has one (diffusers' ModelMixin; GigaTrain's rule),
+    a transformers model's config with `architectures` naming its class; nothing for other modules."""
+    if hasattr(module, "save_config"):
+        module.save_config(folder)
+    elif _is_transformers_model(module):
+        config = copy.deepcopy(module.config)
+        config.architectures = [class_name(module)]
+        config.save_pretrained(folder)
+    else:
+        return
+    path = os.path.join(folder, CONFIG)
+    with open(path) as f:
+        saved = json.load(f)
+    if saved.get("_class_name") not in (None, class_name(module)):  # FSDP2 renames the class: FSDP<Name>
+        saved["_class_name"] = class_name(module)
+        with open(path, "w") as f:
+            json.dump(saved, f, indent=2, sort_keys=True)
+
+
+def class_name(module):
+    """The module's own class name (FSDP2's fully_shard swaps in a subclass named FSDP<Name>)."""
+    cls = next(c for c in type(module).__mro__ if not c.__module__.startswith("torch.distributed."))
+    return cls.__name__
+
+
+def folder_class_name(folder):
+    """The class a model folder's config.json names: `_class_name` (diffusers, GigaTrain) or transformers'
+    `architectures[0]`; None when the folder has no config.json. A config.json naming none: ValueError."""
+    path = os.path.join(folder, CONFIG)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        config = json.load(f)
+    name = config.get("_class_name") or (config.get("architectures") or [None])[0]
+    if not isinstance(name, str):
+        raise ValueError(f"{path}: names no model class (no _class_name, no architectures)")
+    return name
+
+
+def read_weights(checkpoint, meta=None, ema=False):
+    """The whole model's state dict (live, or EMA with `ema`) from checkpoint folder `checkpoint` (`meta`:
+    its meta.json, read when not given): our GigaTrain layout, its shards (SHARDED_STATE_DICT, read whole), or
+    the layout before it (model/, model_ema/)."""
+    if meta is None:
+        with open(os.path.join(checkpoint, "meta.json")) as f:
+            meta = json.load(f)
+    layout = meta.get("layout")
+    if is_sharded(meta):
+        return read_dcp_whole(shards_folder(checkpoint, ema), SHARDS_KEY)
+    if not isinstance(layout, dict):
+        folder = os.path.join(checkpoint, "model_ema" if ema else "model")
+        members = not os.path.exists(os.path.join(folder, "model.safetensors")) and \
+            not os.path.exists(os.path.join(folder, "model.bin"))
+        return load_weights(folder, members=members)
+    if not ema and layout["live"] == [LIVE_WITH_EMA]:
+        return load_state_dict(os.path.join(checkpoint, LIVE_WITH_EMA))
+    state = {}
+    for folder, prefix in layout["models"].items():
+        part = load_state_dict(os.path.join(checkpoint, folder + (EMA_SUFFIX if ema else "")))
+        state.update({prefix + k: v for k, v in part.items()})
+    return state
+
+
+def _is_transformers_model(module):
+    """A transformers PreTrainedModel (transformers is imported by then if it is one)."""
+    transformers = sys.modules.get("transformers")
+    base = getattr(transformers, "PreTrainedModel", None) if transformers is not None else None
+    return base is not None and isinstance(module, base)

@@ -1,7 +1,0 @@
-"""`python -m giga_train.distributed.worker RESULT_DIR`: one rank spawned by launch_from_config."""
-import sys
-
-from .launch import worker_main
-
-if __name__ == "__main__":
-    worker_main(sys.argv[1])

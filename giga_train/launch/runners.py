@@ -1,0 +1,56 @@
+"""The runners a config names (`runners`): validated with the config, then run in order in each rank, as
+GigaTrain's run_tasks does: load, print the config, and for a Trainer save config.json, resume when asked
+(or after an elastic restart), train; for a Tester, test."""
+import contextlib
+import os
+
+from ..errors import ConfigError
+from ..schema.validate import validate_config
+from ..trainers import Runner, Trainer
+
+
+def validated_runners(cfg):
+    """Validate `cfg` (filling its defaults) and return its runner classes; one line for anything wrong."""
+    classes = validate_config(cfg)
+    for i, (path, cls) in enumerate(zip(cfg.runners, classes)):
+        if not (isinstance(cls, type) and issubclass(cls, Runner)):
+            raise ConfigError(f"runners[{i}]: '{path}' is not a subclass of giga_train.Trainer or giga_train.Tester")
+        if cls.SECTION not in cfg and cls.SECTION != "train":
+            raise ConfigError(f"runners[{i}]: '{path}' runs the '{cls.SECTION}' section, which the config lacks")
+    return classes
+
+
+def run_runners(cfg):
+    """Build and run each runner in turn (this process is one rank); returns the last Trainer (the last
+    runner when none trains)."""
+    from ..distributed.env import fill_slurm_rendezvous
+    fill_slurm_rendezvous(cfg.launch)
+    runner = trainer = None
+    for cls in validated_runners(cfg):
+        runner = cls.load(cfg)
+        try:
+            _run(runner)
+        except BaseException:
+            with contextlib.suppress(Exception):  # this process may run another job (tests, notebooks)
+                runner.abandon()
+            raise
+        if isinstance(runner, Trainer):
+            trainer = runner
+            if runner.preempted:
+                break  # the job was asked to stop: the rerun resumes this runner
+    return trainer or runner
+
+
+def _run(runner):
+    """One runner, as GigaTrain's run_tasks runs it (GigaTrain also prints the whole config first: ours is in
+    project_dir/config.json)."""
+    if not isinstance(runner, Trainer):
+        runner.test()
+        return
+    runner.save_config(runner.config)
+    resume = runner.train_config.get("resume")
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        resume = resume or True  # the elastic agent restarted us: continue from the newest checkpoint
+    if resume:
+        runner.resume(None if resume is True else resume)
+    runner.train()

@@ -1,0 +1,124 @@
+"""`giga-train export CHECKPOINT --to hf [--out DIR] [--ema] [--config CFG] [--max-shard-size 5GB] [--merged]`:
+a checkpoint's model as folders that `from_pretrained` opens, whichever strategy and world size wrote it.
+
+The model is rebuilt by the run's own get_models (the config.json the run saved in its project folder, or
+--config) on the meta device, given the checkpoint's whole weights (DeepSpeed's fp32 masters, or the
+EMA's with --ema), and written by its library's own save_pretrained: config.json and the library's weight
+file names, sharded safetensors with an index above --max-shard-size.
+- transformers / diffusers models: their save_pretrained; a ModuleDict: one folder per member;
+- a peft.PeftModel (LoRA...): adapter_config.json + adapter_model.safetensors only, which
+  PeftModel.from_pretrained(base, folder) loads; --merged also writes the merged model under merged/.
+Anything else has no such format: `giga-train convert --to full` writes its weights."""
+import inspect
+import itertools
+import logging
+import os
+import shutil
+import sys
+
+import torch
+
+from .convert import read_weights
+from ..errors import ConfigError
+from ..module_dict import ModuleDict
+
+log = logging.getLogger("giga_train")
+
+
+def export(checkpoint, out=None, ema=False, config=None, max_shard_size="5GB", merged=False):
+    """Write the folder(s) and return `out`."""
+    weights = read_weights(checkpoint, ema)  # refuses an incomplete folder or a missing EMA in one line
+    out = out or os.path.normpath(checkpoint) + ("_ema_hf" if ema else "_hf")
+    if os.path.exists(out):
+        raise ConfigError(f"--out: {out} exists; give another folder (nothing is overwritten)")
+    model = rebuilt_model(config or run_config(checkpoint), weights)
+    members = list(model.items()) if isinstance(model, ModuleDict) else [(None, model)]
+    for name, module in members:
+        _check_exportable(module, name)
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)  # what an interrupted export left
+    try:
+        for name, module in members:
+            save(module, tmp if name is None else os.path.join(tmp, name), max_shard_size, merged)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def run_config(checkpoint):
+    """The config.json that the run saved in its project folder (PROJECT/models/checkpoint_...)."""
+    project = os.path.dirname(os.path.dirname(os.path.abspath(checkpoint)))
+    path = os.path.join(project, "config.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{checkpoint}: the run's config ({path}) is missing; give it with --config")
+    return path
+
+
+def rebuilt_model(config, weights):
+    """The config's model, built on the meta device, then given `weights` (every key, strictly)."""
+    from .offline import build_model, offline_trainer
+    trainer = offline_trainer(config, device="meta")
+    try:
+        model = build_model(trainer)
+    except Exception as e:  # e.g. transformers' from_pretrained refuses the meta device: build it for real
+        log.warning("export: get_models failed on the meta device (%s: %s); building the model on the CPU",
+                    type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        model = build_model(offline_trainer(config, device="cpu"))
+    if any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
+        model.to_empty(device="cpu")  # non-persistent buffers stay unset: save_pretrained does not write them
+        for module in model.modules():  # to_empty gives tied weights their own storage: tie them again
+            if callable(getattr(module, "tie_weights", None)) and hasattr(module, "config"):
+                module.tie_weights()
+    result = model.load_state_dict(weights, strict=False)
+    missing = [k for k in result.missing_keys if k not in _tied_keys(model)]
+    if missing or result.unexpected_keys:
+        wrong = missing or result.unexpected_keys
+        raise ConfigError(f"the checkpoint does not fit the config's model: {len(wrong)} "
+                          f"{'missing' if missing else 'unexpected'} keys, e.g. '{wrong[0]}' (give the run's"
+                          " config with --config)")
+    return model
+
+
+def _tied_keys(model):
+    """Names under which a parameter also appears (tie_weights): loaded through their first name."""
+    seen, tied = set(), set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        (tied.add(name) if id(p) in seen else seen.add(id(p)))
+    return tied
+
+
+def _peft_model(module):
+    peft = sys.modules.get("peft")  # imported by the project's get_models when it made one
+    return peft is not None and isinstance(module, peft.PeftModel)
+
+
+def _check_exportable(module, name):
+    if _peft_model(module) or callable(getattr(module, "save_pretrained", None)):
+        return
+    where = f"models member '{name}'" if name else "the model"
+    lora = any("lora_" in key for key in module.state_dict())
+    hint = (" its LoRA weights need a peft.PeftModel (get_peft_model) for an adapter export" if lora else "")
+    raise ConfigError(f"{where} ({type(module).__name__}) has no save_pretrained (not a transformers, diffusers"
+                      f" or PEFT model):{hint or ''} `giga-train convert CHECKPOINT --to full` writes its weights")
+
+
+def save(module, folder, max_shard_size, merged=False):
+    if _peft_model(module):
+        module.save_pretrained(folder, safe_serialization=True)  # the adapters only, with adapter_config.json
+        if merged:
+            base = module.merge_and_unload()
+            _save_pretrained(base, os.path.join(folder, "merged"), max_shard_size)
+        return
+    _save_pretrained(module, folder, max_shard_size)
+
+
+def _save_pretrained(module, folder, max_shard_size):
+    """The library's own save_pretrained; safetensors (the keyword where the library still takes one)."""
+    accepted = inspect.signature(module.save_pretrained).parameters
+    kwargs = dict(max_shard_size=max_shard_size)
+    if "safe_serialization" in accepted:
+        kwargs["safe_serialization"] = True
+    with torch.no_grad():
+        module.save_pretrained(folder, **kwargs)

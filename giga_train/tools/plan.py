@@ -1,0 +1,229 @@
+"""`giga-train plan CONFIG [--set k=v] [--gpus 1,8] [--card h200|80GiB] [--json]`: the memory one GPU needs
+for the config's job, per strategy and GPU count, before anything is launched.
+
+The model is built by the config's own get_models on the meta device; the optimizer state is its real
+size after one step of the config's own optimizer there; activations are counted on fake tensors
+(memory_counts.py). Per strategy, what each of our engines keeps per GPU (N GPUs, n parameters of which
+n_t trainable, c = bytes of the compute dtype, 2 under bf16/fp16/fp8, else 4):
+
+- NO / DDP / FSDP (our torch-optimizer strategies): weights stay in the dtype get_models made (autocast
+  computes in c), so the weights are the optimizer's own, no master copy. Gradients in the weights'
+  dtype. DDP adds its flat communication buckets, one byte per gradient byte (unless
+  ddp_config.gradient_as_bucket_view=True). FSDP1/FSDP2 shard weights, gradients and optimizer state
+  over N and all-gather units in c: the root's own parameters plus two wrap units (the one computing and
+  the one prefetched).
+- DEEPSPEED ZeRO-s: the engine holds the module in c (bf16/fp16) with fp32 master weights of the trainable
+  parameters and fp32 gradients for the optimizer; ZeRO-1 partitions master and optimizer state, ZeRO-2
+  also the c gradients, ZeRO-3 also the c weights (plus stage3_max_live_parameters gathered). ZeRO-0 in
+  bf16 is DeepSpeed's unfused fp16 wrapper (full fp32 masters and fp32 gradients). Stages 1-2 add the
+  reduce bucket (reduce_bucket_size elements in c). In fp32 ZeRO-1..3 still keep an fp32 flat copy of the
+  partition (the "master" column).
+At one GPU the communication buffers (DDP's buckets, FSDP's gathered units, ZeRO's buckets and live
+parameters) are left out: the one-GPU ZeRO-2 peaks measured on the H200 are below the plan without them.
+The peak is the states plus gradients and activations as they coexist (see _peak); "sum" in --json adds
+every column (a bound). "fits" means peak <= 88% of the card: the rest for the CUDA context, NCCL
+buffers, allocator fragmentation and what the plan does not count (kernel temporaries: the measured
+peaks of bench/RESULTS.md are up to 12% above the plan; an eager 8B job planned at 90% of an H200 ran
+out of memory)."""
+import json
+
+from ..engine.deepspeed_config import read_deepspeed_config
+from ..errors import ConfigError
+from ..engine.precision import AUTOCAST_DTYPES
+
+CARDS = {"h200": 150_109_880_320, "h100": 85_045_231_616, "a100": 85_045_231_616}  # total_memory as torch reports
+FIT_FRACTION = 0.88
+STRATEGIES = ("NO", "DDP", "FSDP", "ZERO0", "ZERO1", "ZERO2", "ZERO3")
+DEEPSPEED_DEFAULTS = dict(reduce_bucket_size=5e8, stage3_max_live_parameters=1e9)  # DeepSpeed's own
+
+
+def parse_card(card):
+    """Bytes of a card: a name (h200, h100, a100) or a size such as 80GiB, 141GB."""
+    name = str(card).strip().lower()
+    if name in CARDS:
+        return CARDS[name]
+    for unit, scale in (("gib", 2**30), ("gb", 1e9), ("g", 2**30)):
+        if name.endswith(unit):
+            try:
+                return int(float(name[:-len(unit)]) * scale)
+            except ValueError:
+                break
+    raise ConfigError(f"--card: '{card}' is neither a known card ({', '.join(CARDS)}) nor a size like 80GiB")
+
+
+def parse_gpus(gpus):
+    try:
+        counts = [int(g) for g in str(gpus).split(",") if g.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise ConfigError(f"--gpus: '{gpus}' is not a list of GPU counts like 1,8")
+    return counts
+
+
+def per_gpu(strategy, gpus, params, optimizer_bytes, mixed, ds_zero=None):
+    """{"params", "grads", "optimizer", "master", "buffers"} bytes on one GPU (see the module docstring)."""
+    n, nt, N = params.numel, params.trainable_numel, gpus
+    c = 2 if mixed else 4
+    if strategy in ("NO", "DDP"):
+        if strategy == "NO" and N > 1:
+            return None
+        buckets = params.trainable_bytes if strategy == "DDP" and N > 1 else 0
+        return dict(params=params.bytes, grads=params.trainable_bytes, optimizer=optimizer_bytes, master=0,
+                    buffers=buckets)
+    if strategy == "FSDP":
+        gathered = (params.root_numel + 2 * max(params.units, default=0)) * c if N > 1 else 0
+        return dict(params=params.bytes / N, grads=params.trainable_bytes / N, optimizer=optimizer_bytes / N,
+                    master=0, buffers=gathered)
+    stage = int(strategy[-1])
+    zero = dict(DEEPSPEED_DEFAULTS, **(ds_zero or {}))
+    shard = lambda value, from_stage: value / N if stage >= from_stage else value  # noqa: E731
+    fp32_grads = nt * 4 if mixed else 0
+    buffers = 0
+    if stage in (1, 2) and N > 1:
+        buffers = min(int(zero["reduce_bucket_size"]), nt) * c
+    if stage == 3 and N > 1:
+        buffers = min(int(zero["stage3_max_live_parameters"]), n) * c
+    master = nt * 4 if (mixed or stage >= 1) else 0
+    return dict(params=shard(n * c, 3), grads=shard(nt * c, 2) + shard(fp32_grads, 1),
+                optimizer=shard(optimizer_bytes, 1), master=shard(master, 1), buffers=buffers)
+
+
+def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True):
+    """The plan as a dict (what --json prints)."""
+    from ..engine.block_classes import wrap_class_names
+    from .memory_counts import count_parameters, optimizer_state_bytes
+    from .offline import build_model, offline_trainer
+    card_bytes = parse_card(card)
+    trainer = offline_trainer(config, overrides, device="meta")
+    cfg, train = trainer.config, trainer.config.train
+    try:
+        model = build_model(trainer)
+    except Exception as e:  # e.g. transformers' from_pretrained refuses the meta device
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ConfigError(f"get_models could not build the model on the meta device ({type(e).__name__}: {first});"
+                          " plan needs a get_models that builds the model without reading its weights") from e
+    fsdp = cfg.launch.get("fsdp_config") or {}
+    wrap = wrap_class_names(model, fsdp) if fsdp.get("fsdp_transformer_layer_cls_to_wrap") else []
+    params = count_parameters(model, wrap)
+    optimizer_bytes, optimizer_names = optimizer_state_bytes(trainer, model)
+    precision = trainer.mixed_precision or "no"
+    mixed = precision != "no"
+    checkpointing = bool(train.activation_checkpointing)
+    accumulation = int(train.gradient_accumulation_steps or 1)
+    counted, notes = {}, {}
+    # Our torch strategies run the model as built under autocast; DeepSpeed's engine holds it in bf16/fp16.
+    for engine, dtype in (("torch", None), ("deepspeed", AUTOCAST_DTYPES[precision] if mixed else None)):
+        if not activations:
+            counted[engine], notes[engine] = None, "not estimated"
+        elif engine == "deepspeed" and dtype is None:
+            counted[engine], notes[engine] = counted.get("torch"), notes.get("torch")
+        else:
+            counted[engine], notes[engine] = _activations(config, overrides, dtype)
+    ds_zero, stage = _deepspeed_zero(cfg)
+    configured = {"NO": "NO", "MULTI_GPU": "DDP", "DDP": "DDP", "FSDP": "FSDP",
+                  "DEEPSPEED": f"ZERO{stage}"}.get(cfg.launch.distributed_type)
+    rows = []
+    for strategy in STRATEGIES:
+        act = counted["deepspeed" if strategy.startswith("ZERO") else "torch"]
+        act_bytes = None if act is None else (act.checkpointed if checkpointing else act.saved)
+        for count in gpus:
+            row = per_gpu(strategy, count, params, optimizer_bytes, mixed, ds_zero)
+            if row is None:
+                continue
+            row = {k: int(v) for k, v in row.items()}
+            rows.append(dict(strategy=strategy, gpus=count, configured=strategy == configured, **row,
+                             activations=act_bytes,
+                             **_peak(row, act_bytes, accumulation, card_bytes)))
+    return dict(
+        config=config if isinstance(config, str) else "config", card=str(card), card_bytes=card_bytes,
+        fit_fraction=FIT_FRACTION, mixed_precision=precision, optimizer=optimizer_names,
+        gradient_accumulation_steps=accumulation,
+        micro_batch=cfg.dataloaders.train.get("batch_size_per_gpu"),
+        parameters=dict(numel=params.numel, trainable=params.trainable_numel, bytes=params.bytes,
+                        trainable_bytes=params.trainable_bytes, buffer_bytes=params.buffer_bytes,
+                        by_dtype=params.by_dtype),
+        optimizer_state_bytes=optimizer_bytes, activation_checkpointing=checkpointing,
+        activations={engine: None if act is None else dict(vars(act)) for engine, act in counted.items()},
+        activations_notes=notes, rows=rows)
+
+
+def _activations(config, overrides, engine_dtype):
+    """(ActivationCount or None, a note): counted on a fresh build of the model on fake CPU tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .memory_counts import count_activations
+    from .offline import build_model, offline_trainer
+    trainer = offline_trainer(config, overrides, device="cpu")
+    try:
+        act = count_activations(trainer, lambda mode: build_model(trainer, fake=mode),
+                                FakeTensorMode(allow_non_fake_inputs=True), engine_dtype=engine_dtype)
+    except Exception as e:  # the project's forward may need real values (.item(), data-dependent shapes)
+        first = str(e).splitlines()[0][:160] if str(e) else ""
+        return None, f"not estimated ({type(e).__name__}: {first})"
+    return act, act.note
+
+
+def _peak(row, act_bytes, accumulation, card_bytes):
+    """peak: the states, then gradients and activations as they coexist: without accumulation backward frees
+    activations while it makes gradients (max of the two); with it, the later micro-batches' activations
+    sit beside the whole gradients of the earlier ones (their sum). sum: every column added (a bound)."""
+    base = sum(v for k, v in row.items() if k != "grads")
+    act = act_bytes or 0
+    peak = base + (row["grads"] + act if accumulation > 1 else max(row["grads"], act))
+    fits = peak <= FIT_FRACTION * card_bytes
+    return dict(peak=int(peak), sum=int(base + row["grads"] + act),
+                fits=None if act_bytes is None and fits else fits)  # unknown unless the states alone overflow
+
+
+def _deepspeed_zero(cfg):
+    """(the DeepSpeed JSON's bucket sizes that the plan uses, its ZeRO stage) of the config's launch section."""
+    try:
+        ds, _ = read_deepspeed_config(cfg.launch.get("deepspeed_config"))
+    except ConfigError:
+        return {}, None
+    zero = ds.get("zero_optimization") or {}
+    sizes = {k: float(v) for k, v in zero.items() if k in DEEPSPEED_DEFAULTS and isinstance(v, (int, float))}
+    return sizes, int(zero.get("stage", 0))
+
+
+def _unit(result):
+    return ("GiB", 2**30) if max(r["sum"] for r in result["rows"]) >= 2**30 else ("MiB", 2**20)
+
+
+def format_plan(result):
+    p = result["parameters"]
+    unit, scale = _unit(result)
+
+    def size(value):
+        return "-" if value is None else f"{value / scale:.2f}"
+    lines = [f"{result['config']}: {p['numel'] / 1e9:.3f}B parameters ({p['trainable'] / 1e9:.3f}B trainable; "
+             + ", ".join(f"{d.replace('torch.', '')} {v['numel']:,}" for d, v in p["by_dtype"].items())
+             + f"), mixed_precision={result['mixed_precision']}, optimizer {', '.join(result['optimizer'])}"
+             f" ({result['optimizer_state_bytes'] / max(p['trainable'], 1):.2f} B/trainable param),"
+             f" micro-batch {result['micro_batch']} x {result['gradient_accumulation_steps']} accumulated"]
+    for engine, act in result["activations"].items():
+        where = "NO/DDP/FSDP (autocast)" if engine == "torch" else "DEEPSPEED (engine dtype)"
+        if act is None:
+            lines.append(f"activations, {where}: {result['activations_notes'][engine]}")
+            continue
+        lines.append(f"activations per micro-batch, {where}: {size(act['saved'])} {unit} saved for backward,"
+                     f" {size(act['checkpointed'])} {unit} with {act['blocks']} blocks of"
+                     f" {', '.join(act['block_classes']) or 'no class'} checkpointed"
+                     f" (train.activation_checkpointing={result['activation_checkpointing']})"
+                     + (f"; {act['note']}" if act["note"] else ""))
+    lines.append(f"per GPU, {unit} (*: the config's strategy); peak: states + max(grads, activations), + both when"
+                 f" accumulating; fits: peak <= {result['fit_fraction']:.0%} of {result['card']}"
+                 f" ({result['card_bytes'] / 2**30:.1f} GiB)")
+    header = ("strategy", "gpus", "params", "grads", "optimizer", "master", "buffers", "activations", "peak", "fits")
+    table = [header] + [(r["strategy"] + ("*" if r["configured"] else ""), str(r["gpus"]),
+                         *(size(r[k]) for k in header[2:-1]), {True: "yes", False: "NO", None: "?"}[r["fits"]])
+                        for r in result["rows"]]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
+    return "\n".join(lines)
+
+
+def plan_command(args):
+    result = plan(args.config, args.overrides, parse_gpus(args.gpus), args.card)
+    print(json.dumps(result, indent=1, default=str) if args.json else format_plan(result))

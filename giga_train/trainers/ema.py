@@ -1,0 +1,70 @@
+"""The trainer's exponential moving average: over the trainable parameters in fp32 (sharded like them under
+FSDP2), updated on the device without a host sync; GigaTrain's decay warmup when asked."""
+import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+
+class EMA:
+    """The average of `module`'s trainable parameters, kept in fp32 (sharded like them under FSDP2).
+
+    `warmup=False`: a fixed `decay` at every update. `warmup=True`: GigaTrain's schedule
+    min((1 + s) / (10 + s), decay), s = updates so far - 1, so the first update copies the weights;
+    the count of updates lives on the device and a skipped step does not advance it."""
+
+    def __init__(self, module, decay, warmup=False, optimization_step=0):
+        self.decay, self.warmup = decay, warmup
+        self.names = [n for n, p in module.named_parameters() if p.requires_grad]
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.shadow = [p.detach().float().clone() for p in self.params]
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self._count = torch.full((), float(optimization_step), dtype=torch.float32, device=device)
+
+    @property
+    def optimization_step(self):
+        """Updates made so far (skipped steps not counted). Reads the device: call it at checkpoints."""
+        return int(self._count.item())
+
+    @optimization_step.setter
+    def optimization_step(self, value):
+        self._count.fill_(float(value))
+
+    @property
+    def config(self):
+        """GigaTrain's ema_config.json content for this average."""
+        return dict(decay=self.decay, min_decay=0.0, optimization_step=self.optimization_step,
+                    update_after_step=0, use_ema_warmup=False, inv_gamma=1.0, power=2 / 3)
+
+    @torch.no_grad()
+    def update(self, skip=None):
+        """`skip`: None, or a 0-dim device tensor that is 1.0 when this step was skipped on the device;
+        the update then has weight 0 (a no-op) without the host reading the flag."""
+        current = [p.detach().float() if p.dtype != torch.float32 else p.detach() for p in self.params]
+        live = None if skip is None else (skip <= 0).to(torch.float32)
+        self._count.add_(1.0 if live is None else live)
+        if not self.warmup:
+            if live is None:
+                torch._foreach_lerp_(self.shadow, current, 1.0 - self.decay)
+                return
+            weight = live * (1.0 - self.decay)
+        else:
+            s = (self._count - 1).clamp(min=0)
+            decay = torch.where(s <= 0, 0.0, torch.clamp((1 + s) / (10 + s), max=self.decay))
+            weight = (1 - decay) if live is None else live * (1 - decay)
+        torch._foreach_lerp_(self.shadow, current, [weight.to(torch.float32)] * len(self.shadow))
+
+    def state_dict(self, module):
+        """The module's full state with the averaged weights in place of the trained ones, under every
+        name a parameter has (a tied weight, e.g. an LM head sharing the embedding, is listed once by
+        named_parameters but twice in the state dict: both names get the average)."""
+        shadow_of = {id(p): s for p, s in zip(self.params, self.shadow)}
+        return {k: shadow_of.get(id(v), v).detach() for k, v in module.state_dict(keep_vars=True).items()}
+
+    def load_state_dict(self, state, optimization_step=None):
+        """Averaged weights from a full state dict (and the update count, when given)."""
+        for name, shadow in zip(self.names, self.shadow):
+            full = state[name].to(shadow.device)
+            if isinstance(shadow, DTensor):  # sharded (FSDP2): keep this rank's shard of the whole tensor
+                full = distribute_tensor(full, shadow.device_mesh, shadow.placements)
+            shadow.copy_(full)
+        if optimization_step is not None:
+            self.optimization_step = optimization_step
