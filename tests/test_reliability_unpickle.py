@@ -12,7 +12,7 @@ from giga_train.checkpoint import list_checkpoints
 from giga_train.errors import UnsafeCheckpointError
 from giga_train.checkpoint.safe_unpickle import load_dcp, load_metadata, safe_torch_loads, torch_load
 from giga_train.cli import main
-from giga_train.checkpoint import portable
+from giga_train.checkpoint.formats import full_state
 from tests.tiny import tiny_config
 
 
@@ -53,7 +53,7 @@ def checkpoint(tmp_path_factory):
 def test_real_dcp_metadata_loads_through_the_allow_list(checkpoint):
     metadata = load_metadata(os.path.join(checkpoint, "optimizer_dcp", ".metadata"))
     assert metadata.state_dict_metadata  # DCP's dataclasses, torch sizes and dtypes: all allowed
-    state = portable.read_dcp(checkpoint)
+    state = full_state.read_dcp(checkpoint)
     assert set(state) == {"state", "param_groups"} and state["state"]
 
 
@@ -63,7 +63,7 @@ def test_crafted_dcp_metadata_is_refused_at_resume_and_convert(checkpoint, tmp_p
     metadata, marker = folder / "optimizer_dcp" / ".metadata", str(tmp_path / "pwned")
     plain_pickle(metadata, marker)
     refused(lambda: load_metadata(str(metadata)), metadata, marker)
-    refused(lambda: portable.read_dcp(str(folder)), metadata, marker)  # the cross-strategy resume path
+    refused(lambda: full_state.read_dcp(str(folder)), metadata, marker)  # the cross-strategy resume path
 
     # what strategies' load_state calls instead of dcp.load(state, checkpoint_id=...)
     refused(lambda: load_dcp({"optimizer": {}}, folder / "optimizer_dcp", no_dist=True), metadata, marker)
@@ -107,18 +107,18 @@ def test_crafted_deepspeed_checkpoint_is_refused_by_convert_and_the_fallback_pat
     (read_deepspeed: ZeRO-0's unpartitioned file; stages 1-3's optimizer files via the converter)."""
     folder = tmp_path / "checkpoint_epoch_1_step_2"
     shutil.copytree(checkpoint, folder)
-    state_dir = folder / portable.DEEPSPEED_DIR / portable.DEEPSPEED_TAG
+    state_dir = folder / full_state.DEEPSPEED_DIR / full_state.DEEPSPEED_TAG
     state_dir.mkdir(parents=True)
-    portable.write_deepspeed_meta(str(folder), 0, 1)
+    full_state.write_deepspeed_meta(str(folder), 0, 1)
     marker = str(tmp_path / "pwned")
     torch.save({"module": {}, "param_shapes": Evil(marker)}, state_dir / "mp_rank_00_model_states.pt")
     assert main(["convert", str(folder), "--to", "full", "--out", str(tmp_path / "full")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "mp_rank_00_model_states.pt: refused to load" in err, err
-    refused(lambda: portable.read_deepspeed(str(folder), [("w", (1,))], [dict(params=[0])]),
+    refused(lambda: full_state.read_deepspeed(str(folder), [("w", (1,))], [dict(params=[0])]),
             "mp_rank_00_model_states.pt", marker)
     torch.save({"optimizer_state_dict": Evil(marker)}, state_dir / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
-    refused(lambda: portable.read_deepspeed(str(folder), [("w", (1,))], [dict(params=[0])]),
+    refused(lambda: full_state.read_deepspeed(str(folder), [("w", (1,))], [dict(params=[0])]),
             "optim_states.pt", marker)
     assert not os.path.exists(marker)
 
