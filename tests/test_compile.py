@@ -6,7 +6,7 @@ from torch._dynamo.utils import counters
 from bench.llama import Llama, shape_of
 from examples.char_lm.model import CharLM
 from giga_train import launch_from_config
-from giga_train.engine.compile import block_classes, check_dynamo_config, compile_model
+from giga_train.engine.compile import block_classes, check_dynamo_config, compile_model, with_inductor_workarounds
 from giga_train.errors import ConfigError
 from tests.distributed import assert_same_weights, final_weights, job, reference
 from tests.tiny import MODEL, tiny_config
@@ -79,3 +79,52 @@ def test_fsdp2_shards_compiled_blocks_and_lands_on_the_one_process_weights(tmp_p
     launch_from_config(job(tmp_path, "FSDP", ranks=2, launch=launch, dynamo_config=dict(backend="aot_eager")))
     assert "compiled 2 blocks of class Block" in (tmp_path / "logs" / "train.log").read_text()
     assert_same_weights(final_weights(tmp_path), reference(tmp_path_factory, {}))
+
+
+def test_inductor_compiles_without_mix_order_reduction(monkeypatch):
+    """Every block is compiled with inductor's mix-order reduction off (it corrupts the Wan modulation's
+    gradients at 11k+ tokens on CUDA); a user's own options entry wins; other backends are left alone."""
+    import torch._inductor.config as inductor_config
+    if not hasattr(inductor_config.triton, "mix_order_reduction"):
+        pytest.skip("this torch has no mix-order reduction")
+    seen = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: seen.append(kw))
+    model = CharLM(**MODEL)
+    assert len(compile_model(model, {"backend": "INDUCTOR"})) == len(seen) > 1
+    assert all(kw["options"] == {"triton.mix_order_reduction": False} for kw in seen)
+    seen.clear()
+    compile_model(model, {"options": {"triton.mix_order_reduction": True, "max_autotune": False}})
+    assert seen[0]["options"] == {"triton.mix_order_reduction": True, "max_autotune": False}
+    seen.clear()
+    compile_model(model, {"backend": "aot_eager"})
+    assert "options" not in seen[0]
+    seen.clear()
+    monkeypatch.setattr(inductor_config.triton, "mix_order_reduction", True)
+    compile_model(model, {"mode": "max-autotune-no-cudagraphs"})
+    assert "options" not in seen[0] and inductor_config.triton.mix_order_reduction is False
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor's mix-order reduction runs on CUDA")
+def test_compiled_modulation_gradients_equal_eager_at_long_sequences():
+    """The modulation pattern inductor's mix-order kernel got wrong (y = layer_norm(x) * (1 + scale) + shift,
+    scale/shift broadcast over 11,440 tokens), compiled through compile_model, equals eager (bf16 input,
+    fp32 reductions: 1e-3)."""
+    class Modulation(torch.nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.randn(1, 2, dim) / dim ** 0.5)
+
+        def forward(self, x, temb):
+            shift, scale = (self.table + temb).chunk(2, dim=1)
+            return torch.nn.functional.layer_norm(x.float(), x.shape[-1:]) * (1 + scale) + shift
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(1, 11440, 3072, device="cuda", generator=g).to(torch.bfloat16)
+    temb, proj = torch.randn(1, 2, 3072, device="cuda", generator=g), torch.randn(1, 11440, 3072, device="cuda")
+    eager, compiled = Modulation(3072).cuda(), Modulation(3072).cuda()
+    compiled.load_state_dict(eager.state_dict())
+    compiled.compile(**with_inductor_workarounds({}))
+    for module in (eager, compiled):
+        (module(x, temb) * proj).mean().backward()
+    error = (compiled.table.grad - eager.table.grad).norm() / eager.table.grad.norm()
+    assert error.item() < 1e-3

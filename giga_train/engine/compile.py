@@ -10,8 +10,15 @@ Which blocks: `block_class_names` if given; else the FSDP wrap classes; else the
 checkpointing classes; else the classes of the model's repeated blocks (an nn.ModuleList whose
 children are all one class). With none found, or `use_regional_compilation=False`, the whole model
 is compiled. The names are accelerate's TorchDynamoPlugin fields, so GigaTrain configs carry over.
+
+Inductor's mix-order reduction (torch 2.10+, on by default on CUDA) is turned off for what we compile:
+it fuses reductions over different dimensions into one kernel, and on the Wan transformer's backward at
+11k+ tokens that kernel returns wrong gradients for the broadcast modulation (scale_shift_table and the
+time embedding), while the loss stays right (bench/compile_mix_order_repro.py; docs/performance.md).
+Off, compiled and eager gradients agree and the speed is unchanged. A user's own `options` entry wins.
 """
 import logging
+
 
 from .block_classes import parse_class_names, repeated_block_classes, require_classes
 from ..errors import ConfigError
@@ -51,6 +58,26 @@ def block_classes(model, dynamo_config, activation_class_names=(), fsdp_config=N
     return repeated_block_classes(model)
 
 
+MIX_ORDER_REDUCTION = "triton.mix_order_reduction"
+
+
+def with_inductor_workarounds(kwargs):
+    """torch.compile's keyword arguments with mix-order reduction off for the inductor backend: through
+    `options` (scoped to what we compile) or, when `mode` is given (torch refuses mode with options),
+    in inductor's global config. No change where this torch has no such option."""
+    if kwargs.get("backend", "inductor") != "inductor":
+        return kwargs
+    import torch._inductor.config as inductor_config
+    if not hasattr(inductor_config.triton, MIX_ORDER_REDUCTION.split(".")[1]):
+        return kwargs
+    if kwargs.get("mode") is not None:
+        if inductor_config.triton.mix_order_reduction:
+            inductor_config.triton.mix_order_reduction = False
+            log.info("inductor mix-order reduction turned off for the whole process (dynamo_config.mode is set)")
+        return kwargs
+    return dict(kwargs, options={MIX_ORDER_REDUCTION: False, **(kwargs.get("options") or {})})
+
+
 def compiles(dynamo_config):
     return bool(dynamo_config) and not dynamo_config.get("disable")
 
@@ -67,6 +94,7 @@ def compile_model(model, dynamo_config, classes=None):
     kwargs = {k: v for k, v in dynamo_config.items() if k in TORCH_COMPILE_KEYS and k != "disable"}
     if isinstance(kwargs.get("backend"), str):
         kwargs["backend"] = kwargs["backend"].lower()  # accelerate spells it INDUCTOR
+    kwargs = with_inductor_workarounds(kwargs)
     if not dynamo_config.get("use_regional_compilation", True):
         classes = []
     elif classes is None:
