@@ -23,12 +23,26 @@ def apply_activation_checkpointing(model, names):
     return wrapped
 
 
+def checkpointed_inner_forward(module):
+    """The forward that apply_activation_checkpointing wrapped on `module`, or None where it wrapped none."""
+    return getattr(module.forward, "checkpointed_forward", None)
+
+
+def replace_inner_forward(module, inner):
+    """Keep `module` checkpointed around `inner` instead (compile puts a compiled forward inside)."""
+    module.forward = _checkpointing(inner)
+
+
 def _checkpoint_forward(module):
-    forward = module.forward
+    module.forward = _checkpointing(module.forward)
+
+
+def _checkpointing(forward):
 
     def checkpointed_forward(*args, **kwargs):
         if torch.is_grad_enabled():
             return checkpoint(forward, *args, use_reentrant=False, **kwargs)
         return forward(*args, **kwargs)
 
-    module.forward = checkpointed_forward
+    checkpointed_forward.checkpointed_forward = forward
+    return checkpointed_forward
