@@ -263,6 +263,8 @@ def main():
     p.add_argument("--no-fallback", action="store_true", help="an out-of-memory row is not retried with fewer"
                    " frames (where the optimizer step is what does not fit, fewer frames do not help)")
     p.add_argument("--simulate-oom-above", type=int, help="rows raise OutOfMemoryError above this many frames")
+    p.add_argument("--row-train", type=json.loads, default=None, help="JSON of train settings for every row"
+                   " (e.g. '{\"activation_checkpointing\": false, \"dynamo_config\": {\"backend\": \"inductor\"}}')")
     p.add_argument("--out", default=os.path.join(ROOT, "bench/wan.json"))
     p.add_argument("--row", help=argparse.SUPPRESS)
     p.add_argument("--row-result", help=argparse.SUPPRESS)
@@ -296,7 +298,8 @@ def main():
                                  status="skipped", error=f"time budget of {args.budget_s:.0f} s spent"))
                 break
             spec = dict(path=path, strategy=strategy, optimizer=optimizer, frames=frames, height=height,
-                        width=width, text_shape=text_shape, steps=args.steps, tiny=args.tiny, device=args.device)
+                        width=width, text_shape=text_shape, steps=args.steps, tiny=args.tiny, device=args.device,
+                        train=args.row_train)
             row = spawn_row(spec, min(remaining, args.row_timeout_s), args)
             rows.append(row)
             print(f"[bench/wan] {summary(row)}", file=sys.stderr, flush=True)
