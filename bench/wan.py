@@ -22,6 +22,7 @@ longer fits. Prints a markdown table last and writes JSON (bench/wan.json)."""
 import argparse
 import datetime
 import json
+import math
 import os
 import subprocess
 import sys
@@ -62,11 +63,27 @@ def optimizer_config(name, device):
     raise SystemExit(f"bench/wan.py: unknown optimizer {name!r} (AdamW or CAME8Bit)")
 
 
+EXPLODED_GRAD_NORM = 1e3  # eager 5B rows log 3-11 (max_grad_norm=1 clips; the norm logged is before clipping)
+
+
 class BenchWanTrainer(TimedSteps, WanTrainer):
-    """The example's trainer, timed (bench/step_clock.py); checkpoints are not written."""
+    """The example's trainer, timed (bench/step_clock.py); checkpoints are not written. The grad norm and
+    the NaN guard's skips of each log line are kept: a row whose steps were skipped or whose grad norm
+    exploded is not "ok"."""
 
     def backward_owner(self):
         return self.strategy
+
+    def print_step(self):
+        before = getattr(self, "last_metrics", None)
+        super().print_step()
+        metrics = getattr(self, "last_metrics", None)
+        if metrics is not None and metrics is not before:  # a log line was written at this step
+            self.grad_norms = getattr(self, "grad_norms", []) + [metrics.get("grad_norm")]
+            self.nan_skipped = getattr(self, "nan_skipped", 0) + int(metrics.get("nan_skipped") or 0)
+
+    def result(self):
+        return training_verdict(super().result(), getattr(self, "grad_norms", []), getattr(self, "nan_skipped", 0))
 
     def forward_step(self, batch_dict):
         limit = os.environ.get(SIMULATE_OOM)
@@ -78,6 +95,18 @@ class BenchWanTrainer(TimedSteps, WanTrainer):
 
     def save_checkpoint(self):  # the one at the end of training
         pass
+
+
+def training_verdict(row, grad_norms, nan_skipped, exploded=EXPLODED_GRAD_NORM):
+    """The row with its grad norms (one per log line) and skipped steps; status "nan_skipped" or "exploded"
+    (a non-finite grad norm, or one above `exploded`) instead of "ok" when the training went wrong."""
+    row = dict(row, grad_norms=grad_norms, nan_skipped=nan_skipped)
+    finite = [g for g in grad_norms if g is not None and math.isfinite(g)]
+    if nan_skipped:
+        return dict(row, status="nan_skipped", error=f"the NaN guard skipped {nan_skipped} steps")
+    if len(finite) < len([g for g in grad_norms if g is not None]) or any(g > exploded for g in finite):
+        return dict(row, status="exploded", error=f"grad norms {grad_norms} (eager 5B rows: 3-11)")
+    return row
 
 
 def is_oom(error):
@@ -98,6 +127,7 @@ def row_config(spec, data_dir, project_dir):
     steps = spec["steps"]
     cfg.train.update(max_steps=steps, log_interval=max(steps // 2, 1), checkpoint_interval=None,
                      checkpoint_total_limit=None, resume=False, progress_bar=False, log_with="none")
+    cfg.train.update(spec.get("train") or {})  # a row's own train settings (bench/video_speed.py)
     return cfg
 
 
@@ -233,6 +263,8 @@ def main():
     p.add_argument("--no-fallback", action="store_true", help="an out-of-memory row is not retried with fewer"
                    " frames (where the optimizer step is what does not fit, fewer frames do not help)")
     p.add_argument("--simulate-oom-above", type=int, help="rows raise OutOfMemoryError above this many frames")
+    p.add_argument("--row-train", type=json.loads, default=None, help="JSON of train settings for every row"
+                   " (e.g. '{\"activation_checkpointing\": false, \"dynamo_config\": {\"backend\": \"inductor\"}}')")
     p.add_argument("--out", default=os.path.join(ROOT, "bench/wan.json"))
     p.add_argument("--row", help=argparse.SUPPRESS)
     p.add_argument("--row-result", help=argparse.SUPPRESS)
@@ -266,7 +298,8 @@ def main():
                                  status="skipped", error=f"time budget of {args.budget_s:.0f} s spent"))
                 break
             spec = dict(path=path, strategy=strategy, optimizer=optimizer, frames=frames, height=height,
-                        width=width, text_shape=text_shape, steps=args.steps, tiny=args.tiny, device=args.device)
+                        width=width, text_shape=text_shape, steps=args.steps, tiny=args.tiny, device=args.device,
+                        train=args.row_train)
             row = spawn_row(spec, min(remaining, args.row_timeout_s), args)
             rows.append(row)
             print(f"[bench/wan] {summary(row)}", file=sys.stderr, flush=True)
@@ -329,12 +362,15 @@ def report(rows, args, height, width):
     for r in rows:
         shape = f"{r['frames']} ({'x'.join(map(str, r['latents']))})" if "latents" in r else str(r["frames"])
         if r["status"] == "ok":
+            norms = ", ".join(f"{g:.3g}" for g in r.get("grad_norms", []) if g is not None)
             print(f"| {r['path']} | {r['strategy']} | {r['optimizer']} | {shape} | {r['tokens']} | {r['step_s']:.3f} |"
-                  f" {r['peak_gib']:.2f} | {r['init_s']:.1f} | {r['loss']:.4f} | |")
+                  f" {r['peak_gib']:.2f} | {r['init_s']:.1f} | {r['loss']:.4f} | grad norms {norms}; nan_skipped"
+                  f" {r.get('nan_skipped', 0)} |")
         else:
             peak_value = f"{r['peak_gib']:.2f}" if "peak_gib" in r else ""
+            step_value = f"{r['step_s']:.3f}" if "step_s" in r else ""  # timed, but the training went wrong
             note = r["status"].upper() + (f": {r['error']}" if r.get("error") else "")
-            print(f"| {r['path']} | {r['strategy']} | {r['optimizer']} | {shape} | {r.get('tokens', '')} | |"
+            print(f"| {r['path']} | {r['strategy']} | {r['optimizer']} | {shape} | {r.get('tokens', '')} | {step_value} |"
                   f" {peak_value} | | | {note.replace('|', '/')} |")
     pairs = comparisons(rows)
     if pairs:

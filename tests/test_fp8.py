@@ -59,3 +59,33 @@ def test_conversion_swaps_exactly_the_chosen_linears():
     swapped = sorted(n for n, m in model.named_modules() if isinstance(m, Float8Linear))
     assert swapped == sorted(expected) and type(model.output) is nn.Linear
     assert float8 is not None and isinstance(model.layers[0].attention.wq.weight, torch.nn.Parameter)
+
+
+def test_fp8_where_it_cannot_run_is_refused_by_check_in_one_line(capsys):
+    from giga_train.cli import main as cli
+    rc = cli(["check", "examples/wan/configs/tiny_cpu.py", "--set", "train.mixed_precision='fp8'"])
+    err = capsys.readouterr().err.strip()
+    if torch.cuda.is_available() and pytest.importorskip("torchao"):
+        assert rc == 0, err
+        return
+    assert rc == 2 and err.count("\n") == 0, err
+    try:
+        import torchao  # noqa: F401
+        assert "'fp8' needs a CUDA GPU" in err
+    except ImportError:
+        assert "'fp8' needs the torchao package, not installed here" in err
+
+
+def test_a_token_count_not_divisible_by_16_trains_in_float8():
+    pytest.importorskip("torchao.float8")
+    from torchao.float8.float8_linear import Float8Linear
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64), nn.Linear(64, 64))
+    assert convert_to_float8(model, dict(exclude=["3"])) == ["0", "2"]
+    assert all(m.config.pad_inner_dim for m in model.modules() if isinstance(m, Float8Linear))
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 GEMMs need a CUDA GPU of compute capability 8.9+")
+    model.cuda()
+    x = torch.randn(1, 5070, 64, device="cuda")  # 5,070 tokens: Wan's 480x832x49, no multiple of 16
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        model(x).float().square().mean().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())

@@ -5,7 +5,12 @@ Everything else runs under bf16 autocast, as with "bf16". Left in high precision
 the model's Embeddings, or without one the last Linear; logits are the most quantisation-sensitive
 matmul and torchao's recipes leave the head out), the modules named in `train.fp8_config.exclude`,
 and every Linear whose in_features or out_features is not a multiple of 16 (the float8 GEMM's
-requirement).
+requirement). The third GEMM dimension, the tokens (which the weight-gradient GEMM contracts over: a video's
+5,070 tokens are no multiple of 16), is padded by torchao (Float8LinearConfig.pad_inner_dim; on unless
+`fp8_config.pad_inner_dim=False`), so any sequence length trains.
+
+Eager float8 is slower than bf16 (the casts and scales are separate kernels); compiled, they fuse into
+the neighbouring ops: parallelize says so in one line when fp8 runs without train.dynamo_config.
 
     train=dict(mixed_precision="fp8", fp8_config=dict(recipe="tensorwise", exclude=["output"]))
 
@@ -23,7 +28,7 @@ from ..registry import did_you_mean
 log = logging.getLogger("giga_train")
 
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
-FP8_KEYS = ("recipe", "exclude", "fsdp_float8_all_gather")
+FP8_KEYS = ("recipe", "exclude", "fsdp_float8_all_gather", "pad_inner_dim")
 
 
 def check_fp8_config(cfg):
@@ -37,6 +42,8 @@ def check_fp8_config(cfg):
     exclude = cfg.get("exclude")
     if exclude is not None and (isinstance(exclude, str) or not all(isinstance(n, str) for n in exclude)):
         return f"exclude: expected a list of module names, got {exclude!r}"
+    if cfg.get("pad_inner_dim") not in (None, True, False):
+        return f"pad_inner_dim: expected True or False, got {cfg['pad_inner_dim']!r}"
     if cfg.get("fsdp_float8_all_gather") and recipe != "tensorwise":
         return "fsdp_float8_all_gather: torchao all-gathers float8 weights only with recipe='tensorwise'"
     return None
@@ -93,6 +100,7 @@ def convert_to_float8(model, fp8_config=None, fsdp2=False):
         all_gather = fsdp2 and recipe == "tensorwise"
     if all_gather:
         config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+    config = float8_config_padded(config, cfg.get("pad_inner_dim", True))
     names = set(float8_linear_names(model, cfg.get("exclude")))
     if not names:
         log.warning("mixed_precision='fp8': no Linear qualifies for float8 (dims multiple of 16, not"
@@ -103,6 +111,18 @@ def convert_to_float8(model, fp8_config=None, fsdp2=False):
              ", float8 all-gather" if all_gather else "",
              ", ".join(n for n, m in model.named_modules() if type(m) is nn.Linear) or "none")
     return sorted(names)
+
+
+def float8_config_padded(config, pad_inner_dim=True):
+    """torchao's Float8LinearConfig with pad_inner_dim set: a GEMM whose contracted dimension (the tokens in
+    the weight gradient) is not a multiple of 16 is padded instead of refused by torch._scaled_mm."""
+    import dataclasses
+    return dataclasses.replace(config, pad_inner_dim=bool(pad_inner_dim))
+
+
+EAGER_FP8_NOTE = ("mixed_precision='fp8' without train.dynamo_config runs float8 eagerly, slower than bf16 (the"
+                  " casts are separate kernels): set train.dynamo_config=dict(backend='inductor') to compile the"
+                  " blocks (their casts fuse), or use 'bf16'")
 
 
 def precompute_scales_after_step(model, optimizer):

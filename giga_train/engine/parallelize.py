@@ -8,14 +8,17 @@ sharding wrappers applied last (fully_shard, DDP, DeepSpeed) see the same module
 Checkpointing comes before fp8 as GigaTrain calls its hooks (apply_activation_checkpointing, apply_fp8):
 it wraps a block's forward, which looks its Linears up when it runs, so the float8 ones swapped in after
 it are the ones it runs."""
+import logging
 from dataclasses import dataclass
 
 from .block_classes import parse_class_names, require_classes
 from .compile import block_classes, compile_model, compiles
 from ..errors import ConfigError
-from .fp8 import convert_to_float8, precompute_scales_after_step
+from .fp8 import EAGER_FP8_NOTE, convert_to_float8, precompute_scales_after_step
 from .activation_checkpointing import apply_activation_checkpointing
 from .meta_start import MetaStart, on_meta
+
+log = logging.getLogger("giga_train")
 
 
 @dataclass
@@ -60,6 +63,8 @@ def parallelize(model, strategy, train, fsdp_config, make_optimizer, checkpoint=
         float8(model)
     elif train.mixed_precision == "fp8":
         convert_to_float8(model, train.fp8_config, fsdp2=strategy.gathers_float8_weights())
+    if train.mixed_precision == "fp8" and plan.compiled is None:
+        log.warning(EAGER_FP8_NOTE)
     if plan.compiled is not None:
         compile_model(model, train.dynamo_config, plan.compiled)
     # FSDP shards its wrap classes (blocks.py)

@@ -145,7 +145,11 @@ def _check_train(train, project_dir, given=()):
     if train.count_flops and train.flops_per_sample is not None:
         raise ConfigError("train: count_flops and flops_per_sample both given; count them or give them")
     if train.mixed_precision == "fp8":
+        import importlib.util
         import torch
+        if importlib.util.find_spec("torchao") is None:
+            raise ConfigError("train.mixed_precision: 'fp8' needs the torchao package, not installed here"
+                              " (pip install torchao, or giga-train[fp8]); use 'bf16' without it")
         if not torch.cuda.is_available():
             raise ConfigError("train.mixed_precision: 'fp8' needs a CUDA GPU (use 'bf16' on CPU)")
     if train.fp8_config and "backend" in train.fp8_config:
