@@ -25,7 +25,7 @@ def num_blocks(numel, block_size):
     return -(-numel // block_size)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _table(device):
     k = torch.arange(256, dtype=torch.int32) - ZERO_CODE
     return ((k * k.abs()).float() * torch.tensor(INV_SQ, dtype=torch.float32)).to(device)
