@@ -83,7 +83,7 @@ def open_dataset(cfg, transform, where):
     return dataset, transform, collate
 
 
-# GigaTrain registers the first five in its SAMPLERS; the weighted ones are giga_datasets' too (issue 16).
+# GigaTrain registers the first five in its SAMPLERS; the weighted ones are giga_datasets' too.
 # DefaultSampler stays ours: the same order, cut per rank and positioned on resume.
 SAMPLER_NAMES = ("AspectRatioSampler", "BucketBatchSampler", "BucketSampler", "SpecialDatasetSampler",
                  "WeightedSampler", "ListWeightedSampler", "ShardedListWeightedSampler")
