@@ -142,7 +142,7 @@ def normalise_fsdp(user):
             raise ConfigError(f"{at('fsdp_state_dict_type')}: 'LOCAL_STATE_DICT' is not supported (checkpoints"
                               " must reload at any world size); use FULL_STATE_DICT or SHARDED_STATE_DICT")
         # FULL: the model gathered into its folders at each checkpoint; SHARDED: each rank writes its shards
-        # (checkpoint/layout.py)
+        # (checkpoint/formats/model_layout.py)
         out["fsdp_state_dict_type"] = kind
     if as_bool(at("fsdp_forward_prefetch"), given.get("fsdp_forward_prefetch", False)) and not v2:
         raise ConfigError(f"{at('fsdp_forward_prefetch')}: forward prefetch is not implemented (FSDP1); remove it")

@@ -1,5 +1,5 @@
 """The config schema's `launch` section (GigaTrain's Launcher keys, Accelerate's ClusterConfig keys): the
-machines, the ranks and the strategy; Accelerate's own forms are read by schema_accelerate.py."""
+machines, the ranks and the strategy; Accelerate's own forms are read by compat/accelerate.py."""
 import numbers
 
 from ..config import Config

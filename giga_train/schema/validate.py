@@ -1,8 +1,8 @@
 """The config schema (GigaTrain's names): defaults, and validation that answers in one line.
 
-The whole config is checked here, section by section: schema_launch.py (launch), schema_train.py (train,
-test), schema_loader.py (dataloaders), schema_accelerate.py (Accelerate's forms), schema_data.py (the
-classes a section names), on schema_keys.py's Key."""
+The whole config is checked here, section by section: launch.py (launch), train.py (train, test), loader.py
+(dataloaders), compat/accelerate.py (Accelerate's forms), classes.py (the classes a section names), on keys.py's
+Key."""
 from .values import refuse_nan
 from ..config import Config
 from ..errors import ConfigError
@@ -36,7 +36,7 @@ SECTIONS = dict(
 
 def validate_config(cfg):
     """Fill defaults, normalise GigaTrain's forms and check every section before any work starts. Returns the
-    imported runner objects (that each is a runner class is checked a layer up, in runners.py)."""
+    imported runner objects (that each is a runner class is checked a layer up, in launch/runners.py)."""
     if not isinstance(cfg, dict):
         raise ConfigError(f"config: expected a dict, got {type(cfg).__name__}")
     for name, spec in SECTIONS.items():  # a section given as anything but a dict: one line, not a traceback

@@ -1,30 +1,6 @@
 """`giga-train plan CONFIG [--set k=v] [--gpus 1,8] [--card h200|80GiB] [--json]`: the memory one GPU needs
-for the config's job, per strategy and GPU count, before anything is launched.
-
-The model is built by the config's own get_models on the meta device; the optimizer state is its real
-size after one step of the config's own optimizer there; activations are counted on fake tensors
-(memory_counts.py). Per strategy, what each of our engines keeps per GPU (N GPUs, n parameters of which
-n_t trainable, c = bytes of the compute dtype, 2 under bf16/fp16/fp8, else 4):
-
-- NO / DDP / FSDP (our torch-optimizer strategies): weights stay in the dtype get_models made (autocast
-  computes in c), so the weights are the optimizer's own, no master copy. Gradients in the weights'
-  dtype. DDP adds its flat communication buckets, one byte per gradient byte (unless
-  ddp_config.gradient_as_bucket_view=True). FSDP1/FSDP2 shard weights, gradients and optimizer state
-  over N and all-gather units in c: the root's own parameters plus two wrap units (the one computing and
-  the one prefetched).
-- DEEPSPEED ZeRO-s: the engine holds the module in c (bf16/fp16) with fp32 master weights of the trainable
-  parameters and fp32 gradients for the optimizer; ZeRO-1 partitions master and optimizer state, ZeRO-2
-  also the c gradients, ZeRO-3 also the c weights (plus stage3_max_live_parameters gathered). ZeRO-0 in
-  bf16 is DeepSpeed's unfused fp16 wrapper (full fp32 masters and fp32 gradients). Stages 1-2 add the
-  reduce bucket (reduce_bucket_size elements in c). In fp32 ZeRO-1..3 still keep an fp32 flat copy of the
-  partition (the "master" column).
-At one GPU the communication buffers (DDP's buckets, FSDP's gathered units, ZeRO's buckets and live
-parameters) are left out: the one-GPU ZeRO-2 peaks measured on the H200 are below the plan without them.
-The peak is the states plus gradients and activations as they coexist (see _peak); "sum" in --json adds
-every column (a bound). "fits" means peak <= 88% of the card: the rest for the CUDA context, NCCL
-buffers, allocator fragmentation and what the plan does not count (kernel temporaries: the measured
-peaks of bench/RESULTS.md are up to 12% above the plan; an eager 8B job planned at 90% of an H200 ran
-out of memory)."""
+for the config's job, per strategy and GPU count, before anything is launched. What each column counts, per
+engine: docs/guide.md, "How plan counts"."""
 import json
 
 from ..engine.deepspeed_config import read_deepspeed_config
