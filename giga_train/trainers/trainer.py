@@ -136,11 +136,12 @@ class Trainer(CheckpointHooks, Runner):
         if train.checkpoint_best:
             self.best_checkpoint = BestCheckpoint(train.checkpoint_best, self.checkpoints.folders,
                                                   self.is_main_process)
-        seed_everything(train.seed + self.process_index)  # ranks differ from here on (dropout, noise)
+        seed_everything(train.seed + self.strategy.data_rank)  # data ranks differ from here (dropout, noise)
 
     def get_dataloaders(self, data_config):
         """The training data: micro-batches on the device, resumable to the exact sample."""
-        return build_stream(data_config, self.train_config.seed, self.process_index, self.num_processes,
+        strategy = self.strategy  # the data-parallel rank and world: an SP group's ranks read the same samples
+        return build_stream(data_config, self.train_config.seed, strategy.data_rank, strategy.data_world_size,
                             self.device, accumulation=self.gradient_accumulation_steps,
                             data_parallel_size=self.train_config.get("data_parallel_size") or 1)
 
@@ -239,7 +240,7 @@ class Trainer(CheckpointHooks, Runner):
         """Samples per optimizer step, all ranks together."""
         per_rank = getattr(self.dataloader, "batch_size", None) or 1
         parallel = self.train_config.get("data_parallel_size") or 1
-        return per_rank * self.num_processes * self.gradient_accumulation_steps // parallel
+        return per_rank * self.strategy.data_world_size * self.gradient_accumulation_steps // parallel
 
     @property
     def epoch_size(self):
