@@ -52,6 +52,8 @@ class FSDP2Strategy(TorchOptimizerStrategy):
         if self.mesh is not None and self.mesh.dims.sp > 1:
             for module in units + [self.model]:
                 module.set_gradient_divide_factor(float(self.mesh.data_world_size))
+                if self.device.type == "cpu":
+                    module.set_force_sum_reduction_for_comms(True)  # the factor is NCCL's PREMUL_SUM: gloo has none
         if meta_start is not None:
             meta_start.fill(self.model, self.device)
         self.optimizer = make_optimizer(self.model)

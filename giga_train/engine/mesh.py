@@ -116,21 +116,21 @@ def check_heads(heads, dims, where="models"):
 
 
 class Mesh:
-    """One DeviceMesh over the job (dims dp_replicate x dp_shard x sp) and the meshes and groups cut from it."""
+    """One DeviceMesh over the job (dims dp_replicate x dp_shard x sp, rank = (r * dp_shard + s) * sp + p) and
+    the meshes and groups cut from it."""
 
     def __init__(self, dims, device_type):
         from torch.distributed.device_mesh import init_device_mesh
-        self.dims = dims
+        self.dims, self.device_type = dims, device_type
         self.device_mesh = init_device_mesh(device_type, (dims.dp_replicate, dims.dp_shard, dims.sp),
                                             mesh_dim_names=DIMS)
-        # torch names a flattened mesh once; the engines slice these by name
-        self.device_mesh[("dp_replicate", "dp_shard")]._flatten("dp")
-        self.device_mesh[("dp_shard", "sp")]._flatten("dp_shard_sp")
+        self._fsdp_mesh = None
 
     @property
     def data_rank(self):
         """This rank's coordinate among the data-parallel ranks (the loader's rank; its SP group shares it)."""
-        return self.device_mesh["dp"].get_local_rank()
+        r, s, _ = self.device_mesh.get_coordinate()
+        return r * self.dims.dp_shard + s
 
     @property
     def data_world_size(self):
@@ -145,11 +145,18 @@ class Mesh:
         return self.device_mesh.get_group("sp")
 
     def fsdp_mesh(self):
-        """What fully_shard takes: the flattened dp_shard x sp mesh (1-D: FSDP), or with replicas the 2-D
-        dp_replicate x (dp_shard x sp) mesh (HSDP: shards inside a replica, gradients all-reduced across)."""
-        if self.dims.dp_replicate == 1:
-            return self.device_mesh["dp_shard_sp"]
-        return self.device_mesh[("dp_replicate", "dp_shard_sp")]
+        """What fully_shard takes: the dp_shard x sp ranks as one dimension (1-D: FSDP), or with replicas the
+        2-D dp_replicate x (dp_shard x sp) mesh (HSDP: shards inside a replica, gradients all-reduced across).
+        A mesh of its own over the same rank layout (torch deprecates slicing a flattened dim off the root)."""
+        if self._fsdp_mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+            d = self.dims
+            if d.dp_replicate == 1:
+                self._fsdp_mesh = init_device_mesh(self.device_type, (d.shard_size,), mesh_dim_names=("dp_shard_sp",))
+            else:
+                self._fsdp_mesh = init_device_mesh(self.device_type, (d.dp_replicate, d.shard_size),
+                                                   mesh_dim_names=("dp_replicate", "dp_shard_sp"))
+        return self._fsdp_mesh
 
 
 def build_mesh(block, env):

@@ -58,7 +58,7 @@ class Strategy(abc.ABC):
         self.mesh = build_mesh(block, self.env)
         if self.mesh is not None and self.mesh.dims.sp > 1:
             from .sequence_parallel import set_sequence_group
-            set_sequence_group(self.mesh.sp_group)
+            set_sequence_group(self.mesh.sp_group, mode=self.mesh.dims.sp_backend)
         return self.mesh
 
     @property
