@@ -61,6 +61,17 @@ class Strategy(abc.ABC):
             set_sequence_group(self.mesh.sp_group, mode=self.mesh.dims.sp_backend)
         return self.mesh
 
+    def require_sequence_split(self):
+        """Under SP the gradients of an SP group are summed: a forward that never split its sequence
+        (shard_sequence) would count each sample sp times. Asked at the first backward."""
+        from ..errors import ConfigError
+        from .sequence_parallel import sequence_length
+        if sequence_length() is None:
+            raise ConfigError(f"launch.parallelism_config.sp_size={self.mesh.dims.sp}: the model's forward never split"
+                              " its sequence (giga_train.engine.sequence_parallel.shard_sequence, or a model hook);"
+                              " every rank of an SP group would compute the whole sample")
+        return True
+
     @property
     def data_rank(self):
         """The loader's rank: this rank's data-parallel coordinate (every rank of an SP group reads the same
