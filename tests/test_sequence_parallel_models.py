@@ -12,6 +12,7 @@ pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
 from giga_train.engine import sequence_parallel as sp  # noqa: E402
+from giga_train.engine.sequence_parallel_models import parallelize_for_sequence  # noqa: E402
 from tests.sp_ranks import run_ranks  # noqa: E402
 
 TOL = dict(rtol=1e-4, atol=1e-6)
@@ -67,7 +68,6 @@ def _sum_over_ranks(grads):
 
 
 def _sharded():
-    from giga_train.engine.sequence_parallel import parallelize_for_sequence
     from giga_train.engine.sequence_parallel_transformers import sequence_position_ids
     results = {}
     for case in WAN_CASES:
@@ -118,9 +118,9 @@ def test_llama_under_sp2_equals_one_process(sharded):
 def test_without_a_group_the_parallelized_models_are_unchanged():
     model, inputs = _wan("27-tokens")
     ref = model(**inputs)[0]
-    sp.parallelize_for_sequence(model)
+    parallelize_for_sequence(model)
     assert torch.equal(model(**inputs)[0], ref)
     llama, ids = _llama()
     ref = llama(input_ids=ids).logits
-    sp.parallelize_for_sequence(llama)
+    parallelize_for_sequence(llama)
     torch.testing.assert_close(llama(input_ids=ids).logits, ref, rtol=0, atol=1e-6)

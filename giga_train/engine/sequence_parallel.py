@@ -238,16 +238,3 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                          scale=scale, enable_gqa=enable_gqa and k.shape[1] != q.shape[1])
     return heads_to_sequence(out)
 
-
-# -- models --------------------------------------------------------------------------------------------
-def parallelize_for_sequence(model):
-    """Make a model's attention sequence-parallel where we know how: diffusers' Wan transformer (hooks and
-    an attention processor), transformers models (the "sequence_parallel" attention implementation).
-    Other models are returned unchanged: their own attention calls `attention` of this module."""
-    if type(model).__name__ == "WanTransformer3DModel":
-        from .sequence_parallel_wan import parallelize_wan
-        return parallelize_wan(model)
-    if hasattr(model, "set_attn_implementation") and hasattr(model, "config"):
-        from .sequence_parallel_transformers import parallelize_transformers
-        return parallelize_transformers(model)
-    return model
