@@ -1,6 +1,6 @@
 """Models under sequence parallelism on 2 gloo ranks equal one process: the tiny Wan transformer of
-examples/wan (output and every parameter gradient; a token count that divides 2, one that does not, and a
-per-token timestep as Wan 2.2 TI2V passes) and a tiny LlamaForCausalLM (logits, loss and every parameter
+examples/wan (output and every parameter gradient; a token count that divides 2, one that does not, a
+per-token timestep as Wan 2.2 TI2V passes, activation checkpointing) and a tiny LlamaForCausalLM (logits, loss and every parameter
 gradient; a length that does not divide 2, GQA). The SP ranks' gradients are summed (each holds its
 slice's part). fp32; tolerance rtol 1e-4, atol 1e-6 (the attention and the reductions sum in another order)."""
 import pytest
@@ -23,6 +23,7 @@ WAN_CASES = {  # latent [C, F, H, W] -> F * H/2 * W/2 tokens; per-token timestep
     "48-tokens": ((4, 3, 8, 8), False),
     "27-tokens": ((4, 3, 6, 6), False),
     "token-timesteps": ((4, 3, 6, 6), True),
+    "checkpointed": ((4, 3, 6, 6), False),  # with the engine's activation checkpointing of the blocks
 }
 LLAMA_LENGTH = 11
 
@@ -32,6 +33,9 @@ def _wan(case):
     shape, per_token = WAN_CASES[case]
     torch.manual_seed(0)
     model = WanTransformer3DModel(**WAN)
+    if case == "checkpointed":
+        from giga_train.engine.activation_checkpointing import apply_activation_checkpointing
+        assert apply_activation_checkpointing(model, ["WanTransformerBlock"]) == 2
     g = torch.Generator().manual_seed(1)
     latents = torch.randn(2, *shape, generator=g)
     tokens = shape[1] * (shape[2] // 2) * (shape[3] // 2)
