@@ -1,6 +1,6 @@
 """Models under sequence parallelism on 2 gloo ranks equal one process: the tiny Wan transformer of
 examples/wan (output and every parameter gradient; a token count that divides 2, one that does not, a
-per-token timestep as Wan 2.2 TI2V passes, activation checkpointing) and a tiny LlamaForCausalLM (logits, loss and every parameter
+per-token timestep as Wan 2.2 TI2V passes, activation checkpointing, ring attention) and a tiny LlamaForCausalLM (logits, loss and every parameter
 gradient; a length that does not divide 2, GQA). The SP ranks' gradients are summed (each holds its
 slice's part). fp32; tolerance rtol 1e-4, atol 1e-6 (the attention and the reductions sum in another order)."""
 import pytest
@@ -24,6 +24,7 @@ WAN_CASES = {  # latent [C, F, H, W] -> F * H/2 * W/2 tokens; per-token timestep
     "27-tokens": ((4, 3, 6, 6), False),
     "token-timesteps": ((4, 3, 6, 6), True),
     "checkpointed": ((4, 3, 6, 6), False),  # with the engine's activation checkpointing of the blocks
+    "ring": ((4, 3, 6, 6), False),  # ring attention instead of Ulysses
 }
 LLAMA_LENGTH = 11
 
@@ -77,7 +78,8 @@ def _sharded():
     for case in WAN_CASES:
         model, inputs = _wan(case)
         parallelize_for_sequence(model)
-        out, grads = _wan_step(model, inputs)
+        with sp.sequence_parallel(sp.sequence_group(), mode="ring" if case == "ring" else "ulysses"):
+            out, grads = _wan_step(model, inputs)
         results[case] = out, _sum_over_ranks(grads)
     model, ids = _llama()
     parallelize_for_sequence(model)
