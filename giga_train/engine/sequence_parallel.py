@@ -149,14 +149,18 @@ class _AllToAll(torch.autograd.Function):
         return out, None
 
 
-def sequence_to_heads(x, group=None):
-    """[B, H, S/sp, D] sequence-sharded -> [B, H/sp, S, D] head-sharded (rank r gets heads r*H/sp...)."""
+def sequence_to_heads(*tensors, group=None):
+    """[B, H, S/sp, D] sequence-sharded -> [B, H/sp, S, D] head-sharded (rank r gets heads r*H/sp...),
+    for one tensor or several of one shape in a single all-to-all (returned as a tuple)."""
     group = group or _group
     world = dist.get_world_size(group)
-    b, h, s, d = x.shape
-    chunks = x.reshape(b, world, h // world, s, d).permute(1, 0, 2, 3, 4)
-    out = _AllToAll.apply(chunks, group)  # [sp (sequence chunk), B, H/sp, S/sp, D]
-    return out.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * s, d)
+    b, h, s, d = tensors[0].shape
+    n = len(tensors)
+    stacked = torch.stack(tensors) if n > 1 else tensors[0].unsqueeze(0)
+    chunks = stacked.reshape(n, b, world, h // world, s, d).permute(2, 0, 1, 3, 4, 5)
+    out = _AllToAll.apply(chunks, group)  # [sp (sequence chunk), n, B, H/sp, S/sp, D]
+    out = out.permute(1, 2, 3, 0, 4, 5).reshape(n, b, h // world, world * s, d)
+    return tuple(out.unbind(0)) if n > 1 else out[0]
 
 
 def heads_to_sequence(x, group=None):
@@ -226,7 +230,10 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         # GQA with too few key/value heads to shard: repeat them to the query heads (memory for simplicity)
         key = key.repeat_interleave(heads // kv_heads, dim=1)
         value = value.repeat_interleave(heads // kv_heads, dim=1)
-    q, k, v = (sequence_to_heads(t) for t in (query, key, value))
+    if key.shape == query.shape:
+        q, k, v = sequence_to_heads(query, key, value)  # one all-to-all for the three
+    else:
+        q, (k, v) = sequence_to_heads(query), sequence_to_heads(key, value)
     attn_mask = _heads_of_mask(attn_mask, heads, world, rank)
     # Causal attention never sees the padding at the end from a real query: only non-causal needs the mask.
     if length is not None and length < total and not is_causal:
@@ -237,3 +244,4 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                                          scale=scale, enable_gqa=enable_gqa and k.shape[1] != q.shape[1])
     return heads_to_sequence(out)
+
