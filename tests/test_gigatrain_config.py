@@ -339,7 +339,7 @@ def test_gpu_ids_per_machine(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("key, value, message", [
     ("tpu_name", "x", "launch.tpu_name: TPU only; remove it"),
-    ("parallelism_config", dict(parallelism_config_tp_size=2), "launch.parallelism_config: tensor/context"),
+    ("parallelism_config", dict(parallelism_config_tp_size=2), "launch.parallelism_config.tp_size=2: tensor parallelism"),
     ("megatron_lm_config", dict(megatron_lm_tp_degree=2), "launch.megatron_lm_config: Megatron-LM"),
     ("fp8_config", dict(fp8_backend="TE"), "launch.fp8_config: fp8 is a train setting here"),
     ("enable_cpu_affinity", True, "launch.enable_cpu_affinity: pinning ranks"),

@@ -281,7 +281,6 @@ def check_cluster_key(key, value):
         "tpu_vm": "TPU only", "tpu_env": "TPU only",
         "megatron_lm_config": "Megatron-LM is not a giga-train engine",
         "mpirun_config": "mpirun is not used (run under SLURM or torchrun, or let giga-train start the ranks)",
-        "parallelism_config": "tensor/context/sequence parallelism is not implemented (FSDP shards data-parallel)",
         "fp8_config": "fp8 is a train setting here: train.mixed_precision='fp8' and train.fp8_config",
         "enable_cpu_affinity": "pinning ranks to CPU cores is not implemented",
     }

@@ -1,6 +1,6 @@
-"""parallelize: the model transformations, once, in the order that works: activation checkpointing -> fp8
--> compile -> shard (the strategy's setup, which also builds the optimizer). Why this order:
-docs/architecture.md, "parallelize"."""
+"""parallelize: the model transformations, once, in the order that works: activation checkpointing ->
+sequence parallelism (under launch.parallelism_config's sp_size) -> fp8 -> compile -> shard (the strategy's
+setup, which also builds the optimizer). Why this order: docs/architecture.md, "parallelize"."""
 import logging
 from dataclasses import dataclass
 
@@ -32,6 +32,17 @@ def plan_blocks(model, train, fsdp_config):
     return BlockPlan(checkpointed, compiled)
 
 
+def sequence_parallel(model):
+    """The attention of the models we know (diffusers' Wan, transformers) made sequence-parallel: the model,
+    or each member of a ModuleDict. Any other model calls the sequence-parallel attention itself."""
+    from torch import nn
+
+    from .sequence_parallel_models import parallelize_for_sequence
+    members = list(model.values()) if isinstance(model, nn.ModuleDict) else [model]
+    for member in members:
+        parallelize_for_sequence(member)
+
+
 def parallelize(model, strategy, train, fsdp_config, make_optimizer, checkpoint=None, float8=None,
                 init_weights=None, from_rank0=False):
     """Transform `model` as the train config says and hand it to `strategy`; returns (model, optimizer).
@@ -52,6 +63,8 @@ def parallelize(model, strategy, train, fsdp_config, make_optimizer, checkpoint=
         checkpoint(model)
     elif plan.checkpointed:
         apply_activation_checkpointing(model, plan.checkpointed)
+    if strategy.mesh is not None and strategy.mesh.dims.sp > 1:
+        sequence_parallel(model)
     if float8 is not None:
         float8(model)
     elif train.mixed_precision == "fp8":

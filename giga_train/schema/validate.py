@@ -11,6 +11,7 @@ from ..schedulers import SCHEDULERS
 from ..compat.accelerate import check_cluster_key
 from .classes import check_built as _check_built, check_streaming, is_streaming
 from .keys import REQUIRED, Key, _fill, edit_distance, near_miss
+from .parallelism import check_parallelism
 from .launch import LAUNCH, _check_launch, _pop_cluster_keys, world_size_of
 from .loader import LOADER, _check_loader
 from .train import (OPEN_SECTIONS, TEST, TRAIN, _check_test, _check_train, checkpoint_steps,
@@ -59,6 +60,7 @@ def validate_config(cfg):
     classes = [_import_runner(f"runners[{i}]", path) for i, path in enumerate(runners)]
     _check_train(cfg.train, cfg.project_dir, given_train)
     _check_launch(cfg.launch, cfg.train)
+    check_parallelism(cfg.launch, cfg.models, world_size_of(cfg.launch))
     for key, value in cluster.items():
         check_cluster_key(key, value)
     _check_precision_device(cfg)

@@ -1,6 +1,6 @@
 """`giga-train plan CONFIG [--set k=v] [--gpus 1,8] [--card h200|80GiB] [--json]`: the memory one GPU needs
-for the config's job, per strategy and GPU count, before anything is launched. What each column counts, per
-engine: docs/guide.md, "How plan counts"."""
+for the config's job, per strategy, GPU count and sequence-parallel size (--sp), before anything is launched.
+What each column counts, per engine: docs/guide.md, "How plan counts"."""
 import json
 
 from ..engine.deepspeed_config import read_deepspeed_config
@@ -37,8 +37,9 @@ def parse_gpus(gpus):
     return counts
 
 
-def per_gpu(strategy, gpus, params, optimizer_bytes, mixed, ds_zero=None):
-    """{"params", "grads", "optimizer", "master", "buffers"} bytes on one GPU (see the module docstring)."""
+def per_gpu(strategy, gpus, params, optimizer_bytes, mixed, ds_zero=None, shard=None):
+    """{"params", "grads", "optimizer", "master", "buffers"} bytes on one GPU (see the module docstring).
+    `shard`: the ranks FSDP shards over (HSDP: gpus / dp_replicate_size; default all)."""
     n, nt, N = params.numel, params.trainable_numel, gpus
     c = 2 if mixed else 4
     if strategy in ("NO", "DDP"):
@@ -48,6 +49,7 @@ def per_gpu(strategy, gpus, params, optimizer_bytes, mixed, ds_zero=None):
         return dict(params=params.bytes, grads=params.trainable_bytes, optimizer=optimizer_bytes, master=0,
                     buffers=buckets)
     if strategy == "FSDP":
+        N = shard or N
         gathered = (params.root_numel + 2 * max(params.units, default=0)) * c if N > 1 else 0
         return dict(params=params.bytes / N, grads=params.trainable_bytes / N, optimizer=optimizer_bytes / N,
                     master=0, buffers=gathered)
@@ -65,8 +67,9 @@ def per_gpu(strategy, gpus, params, optimizer_bytes, mixed, ds_zero=None):
                 optimizer=shard(optimizer_bytes, 1), master=shard(master, 1), buffers=buffers)
 
 
-def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True):
-    """The plan as a dict (what --json prints)."""
+def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True, sp=None):
+    """The plan as a dict (what --json prints). `sp`: sequence-parallel sizes to plan DDP and FSDP at (default
+    1 and the config's sp_size)."""
     from ..engine.block_classes import wrap_class_names
     from .memory_counts import count_parameters, optimizer_state_bytes
     from .offline import build_model, offline_trainer
@@ -99,18 +102,26 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True):
     ds_zero, stage = _deepspeed_zero(cfg)
     configured = {"NO": "NO", "MULTI_GPU": "DDP", "DDP": "DDP", "FSDP": "FSDP",
                   "DEEPSPEED": f"ZERO{stage}"}.get(cfg.launch.distributed_type)
+    mesh = cfg.launch.get("parallelism_config") or {}
+    sp_sizes = sorted(set(sp or ()) | {1, int(mesh.get("sp_size", 1))})
     rows = []
     for strategy in STRATEGIES:
         act = counted["deepspeed" if strategy.startswith("ZERO") else "torch"]
         act_bytes = None if act is None else (act.checkpointed if checkpointing else act.saved)
+        replicas = int(mesh.get("dp_replicate_size", 1)) if strategy == configured == "FSDP" else 1
         for count in gpus:
-            row = per_gpu(strategy, count, params, optimizer_bytes, mixed, ds_zero)
-            if row is None:
-                continue
-            row = {k: int(v) for k, v in row.items()}
-            rows.append(dict(strategy=strategy, gpus=count, configured=strategy == configured, **row,
-                             activations=act_bytes,
-                             **_peak(row, act_bytes, accumulation, card_bytes)))
+            for size in sp_sizes:
+                if size > 1 and (strategy not in ("DDP", "FSDP") or count % size):
+                    continue  # the engines that take sp; an SP group within the GPUs
+                shard = count // replicas if count % replicas == 0 else None
+                row = per_gpu(strategy, count, params, optimizer_bytes, mixed, ds_zero, shard=shard)
+                if row is None:
+                    continue
+                row = {k: int(v) for k, v in row.items()}
+                act_rank = None if act_bytes is None else -(-act_bytes // size)
+                rows.append(dict(strategy=strategy, gpus=count, sp=size,
+                                 configured=strategy == configured and size == int(mesh.get("sp_size", 1)),
+                                 **row, activations=act_rank, **_peak(row, act_rank, accumulation, card_bytes)))
     return dict(
         config=config if isinstance(config, str) else "config", card=str(card), card_bytes=card_bytes,
         fit_fraction=FIT_FRACTION, mixed_precision=precision, optimizer=optimizer_names,
@@ -191,9 +202,9 @@ def format_plan(result):
     lines.append(f"per GPU, {unit} (*: the config's strategy); peak: states + max(grads, activations), + both when"
                  f" accumulating; fits: peak <= {result['fit_fraction']:.0%} of {result['card']}"
                  f" ({result['card_bytes'] / 2**30:.1f} GiB)")
-    header = ("strategy", "gpus", "params", "grads", "optimizer", "master", "buffers", "activations", "peak", "fits")
-    table = [header] + [(r["strategy"] + ("*" if r["configured"] else ""), str(r["gpus"]),
-                         *(size(r[k]) for k in header[2:-1]), {True: "yes", False: "NO", None: "?"}[r["fits"]])
+    header = ("strategy", "gpus", "sp", "params", "grads", "optimizer", "master", "buffers", "activations", "peak", "fits")
+    table = [header] + [(r["strategy"] + ("*" if r["configured"] else ""), str(r["gpus"]), str(r["sp"]),
+                         *(size(r[k]) for k in header[3:-1]), {True: "yes", False: "NO", None: "?"}[r["fits"]])
                         for r in result["rows"]]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
@@ -201,5 +212,6 @@ def format_plan(result):
 
 
 def plan_command(args):
-    result = plan(args.config, args.overrides, parse_gpus(args.gpus), args.card)
+    sp = parse_gpus(args.sp) if getattr(args, "sp", None) else None
+    result = plan(args.config, args.overrides, parse_gpus(args.gpus), args.card, sp=sp)
     print(json.dumps(result, indent=1, default=str) if args.json else format_plan(result))
