@@ -37,7 +37,7 @@ LAUNCH = dict(
     dynamo_config=Key(None, dict),  # Accelerate's form -> train.dynamo_config when that is unset
     collective_timeout=Key(None, numbers.Real, min=1),  # seconds (ours): the watchdog of every collective
     # Accelerate's ParallelismConfig sizes (dp_replicate_size, dp_shard_size, sp_size, sp_backend): parallelism.py
-    parallelism_config=Key(None, dict),
+    parallelism_config=Key(None, dict),  # dp_replicate_size, dp_shard_size, sp_size, sp_backend: docs/parallelism.md
 )
 
 
