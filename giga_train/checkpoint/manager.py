@@ -51,8 +51,11 @@ def _meta_or_none(path):
 
 
 def _complete(models_dir):
-    """(write order key, step, path, meta) of each complete checkpoint, in write order (oldest first):
-    the time its save recorded, else (older checkpoints) its meta.json's modification time."""
+    """(write order key, step, path, meta) of each complete checkpoint, in write order (oldest first).
+    The order is the folder's own count of commits, meta.json's `seq` (1 + the highest in the folder when
+    it was committed; the project lock keeps one writer), then the step: never a clock, since a node's
+    clock may run ahead (`saved_at` is information only). Checkpoints written before `seq` come first, by
+    step, as GigaTrain orders them."""
     if not os.path.isdir(models_dir):
         return []
     found = []
@@ -62,11 +65,14 @@ def _complete(models_dir):
         meta = _meta_or_none(path) if match else None
         if meta is None:
             continue
-        saved_at = meta.get("saved_at")
-        if not isinstance(saved_at, (int, float)):
-            saved_at = os.path.getmtime(os.path.join(path, META))
-        found.append((saved_at, int(match.group(2)), path, meta))
+        found.append((write_seq(meta), int(match.group(2)), path, meta))
     return sorted(found, key=lambda item: (item[0], item[1]))
+
+
+def write_seq(meta):
+    """meta.json's commit count (0 for checkpoints written before it was recorded)."""
+    seq = meta.get("seq")
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else 0
 
 
 def save_id(path, meta):
@@ -109,7 +115,7 @@ class CheckpointManager:
     ones it wrote, the one it resumed from and that one's ancestors, linked through meta.json's
     `parent`), never one that another run wrote (say, newer checkpoints of a branch that an older resume
     abandoned), and never the newest of its history whose weights are finite. `latest()` is the newest
-    complete checkpoint by write order."""
+    complete checkpoint by write order (meta.json's `seq`, never a clock)."""
 
     def __init__(self, models_dir, total_limit=None, keeps=(), keeps_by_epoch=False):
         """`keeps`: steps (epochs with `keeps_by_epoch`, GigaTrain's rule when training by epochs) whose
@@ -142,12 +148,13 @@ class CheckpointManager:
         return tmp
 
     def commit(self, tmp, meta):
-        """Record the files' checksums, the weights' finiteness, the write time and the lineage in
-        meta.json (written last), make it durable, rename into place, then apply the rolling limit."""
+        """Record the files' checksums, the weights' finiteness, the commit count (`seq`, the write order),
+        the write time (information only) and the lineage in meta.json (written last), make it durable, rename into place, then apply the rolling limit."""
         from .checksums import folder_checksums
         from .formats.model_layout import live_weights
         finite = weights_finite([os.path.join(tmp, path) for path in live_weights(meta)])
-        meta = dict(meta, saved_at=time.time(), save_id=uuid.uuid4().hex, parent=self.parent,
+        seq = 1 + max((item[0] for item in _complete(self.models_dir)), default=0)
+        meta = dict(meta, saved_at=time.time(), seq=seq, save_id=uuid.uuid4().hex, parent=self.parent,
                     finite=finite, files=folder_checksums(tmp))
         with open(os.path.join(tmp, META), "w") as f:
             json.dump(meta, f, indent=2, default=repr)  # a Dataset object in the config: its repr
