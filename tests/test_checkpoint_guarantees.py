@@ -29,3 +29,71 @@ def test_a_writer_clock_an_hour_ahead_never_pins_resume(tmp_path, monkeypatch):
     assert metas[2]["saved_at"] > metas[6]["saved_at"]  # the clock said step 2 was the newest
     assert [metas[s]["seq"] for s in range(1, 7)] == [1, 2, 3, 4, 5, 6]
     assert trainer.checkpoints.latest().endswith("checkpoint_epoch_1_step_6")
+
+
+# -- 2. the best, the keeps, the newest finite checkpoint and a branch point are never rotated away ---------
+def test_the_best_checkpoint_survives_epoch_training_under_total_limit_1(tmp_path, monkeypatch):
+    import json
+
+    from tests.tiny_eval import eval_job
+    cfg = eval_job(tmp_path, runner="tests.tiny_eval.ScriptedScoreTrainer", max_steps=None, max_epochs=4,
+                   checkpoint_interval=1, checkpoint_total_limit=1, checkpoint_keeps=[1],
+                   checkpoint_best=dict(metric="val/score", mode="min"))
+    cfg["dataloaders"]["train"]["data_or_config"]["max_bytes"] = 280  # 16 windows: 2 steps an epoch
+    monkeypatch.setenv("GT_SCORES", "2:3,4:1,6:2,8:5")  # the best: step 4 (epoch 2)
+    launch_from_config(cfg)
+    models = tmp_path / "models"
+    names = sorted(os.path.basename(p) for _, p in list_checkpoints(str(models)))
+    # epoch 1: checkpoint_keeps (epochs here); step 4: the best; step 8: the newest
+    assert names == ["checkpoint_epoch_1_step_2", "checkpoint_epoch_2_step_4", "checkpoint_epoch_4_step_8"]
+    best = json.load(open(models / "best.json"))
+    assert best["checkpoint"] == "checkpoint_epoch_2_step_4" and (models / best["checkpoint"]).is_dir()
+
+
+def test_the_checkpoint_a_run_branched_from_is_kept(tmp_path):
+    from giga_train.checkpoint.manager import CheckpointManager
+    from tests.test_reliability_checkpoints import fake_checkpoint
+    models = str(tmp_path)
+    other = CheckpointManager(models)
+    for s in (1, 2, 3, 4):
+        fake_checkpoint(models, s, other)
+    ours = CheckpointManager(models, total_limit=1)
+    ours.note_resumed(os.path.join(models, "checkpoint_epoch_0_step_2"))  # an explicit, older checkpoint
+    for s in (3, 4, 5):
+        fake_checkpoint(models, s, ours)  # the other history's 3 and 4 are set aside, not replaced
+    assert [s for s, _ in list_checkpoints(models)] == [2, 5]  # 2: the branch point; 1, 3, 4 rotated
+    later = CheckpointManager(models, total_limit=1)  # a later resume=True continues from 5
+    later.note_resumed(later.latest())
+    fake_checkpoint(models, 6, later)
+    assert [s for s, _ in list_checkpoints(models)] == [2, 6]  # still kept: the set-aside 3 descends from it
+
+
+# -- 3. non-finite checkpoints are never offered or resumed as good ------------------------------------------
+def test_non_finite_checkpoints_are_never_called_good_nor_resumed(tmp_path, monkeypatch, capsys):
+    from giga_train.cli import main
+    from giga_train.errors import TrainingStopped
+    monkeypatch.setenv("GT_POISON", "3")  # step 3 makes the weights NaN (its loss is still finite)
+    models = tmp_path / "models"
+    with pytest.raises(TrainingStopped, match=r"step 4: non-finite loss .* newest good checkpoint: "
+                                              r".*checkpoint_epoch_1_step_2$"):
+        launch_from_config(cfg_for(tmp_path, runner="tests.test_reliability_checkpoints.PoisonTrainer",
+                                   nan_policy="stop"))
+    assert read_meta(str(models / "checkpoint_epoch_1_step_3"))["finite"] is False  # saved before the stop
+    monkeypatch.delenv("GT_POISON")
+    # an explicit path to it: one line, exit 1, nothing loaded
+    path = tmp_path / "cfg.py"
+    path.write_text(f"config = {cfg_for(tmp_path, max_steps=4, resume=str(models / 'checkpoint_epoch_1_step_3'))!r}\n")
+    capsys.readouterr()
+    assert main(["train", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "checkpoint_epoch_1_step_3 holds non-finite weights" in err, err
+    assert "The newest finite checkpoint is " + str(models / "checkpoint_epoch_1_step_2") in err, err
+    # resume=True: the newest finite one, saying in one line what it passed over
+    trainer = launch_from_config(cfg_for(tmp_path, max_steps=4, resume=True))
+    assert trainer.step == 4 and len(trainer.losses) == 2  # from step 2: steps 3 and 4
+    log = (tmp_path / "logs" / "train.log").read_text().splitlines()
+    passed = [line.split(" WARNING ", 1)[-1] for line in log if "passing over" in line]
+    assert passed == ["resume: passing over 1 checkpoint with non-finite weights (NaN/inf; meta.json finite:"
+                      f" false): checkpoint_epoch_1_step_3; resuming {models / 'checkpoint_epoch_1_step_2'}"]
+    assert read_meta(str(models / "checkpoint_epoch_1_step_3"))["finite"] is True  # this run's own 3
+    assert read_meta(str(models / "checkpoint_epoch_1_step_3.superseded_0"))["finite"] is False  # kept aside

@@ -12,9 +12,10 @@ import shutil
 import time
 import uuid
 
-from ..errors import ConfigError, CorruptCheckpointError
+from ..errors import CheckpointError, ConfigError, CorruptCheckpointError
 
 NAME = re.compile(r"^checkpoint_epoch_(\d+)_step_(\d+)$")
+SET_ASIDE = re.compile(r"^checkpoint_epoch_\d+_step_\d+\.superseded_\d+$")  # _set_aside's names
 META = "meta.json"
 TMP_PREFIX = ".tmp_"
 TRASH_PREFIX = ".trash_"
@@ -119,14 +120,29 @@ class CheckpointManager:
 
     def __init__(self, models_dir, total_limit=None, keeps=(), keeps_by_epoch=False):
         """`keeps`: steps (epochs with `keeps_by_epoch`, GigaTrain's rule when training by epochs) whose
-        checkpoints are never deleted, nor stripped of their optimizer state."""
+        checkpoints are never deleted, nor stripped of their optimizer state. `protect(step)` adds a step
+        kept the same way whatever the unit of training (the best checkpoint)."""
         self.models_dir, self.total_limit, self.keeps = models_dir, total_limit, set(keeps)
         self.keeps_by_epoch = keeps_by_epoch
+        self.protected = set()  # steps, always steps
         self.parent = None  # the save_id this run's next checkpoint descends from
+
+    def protect(self, step):
+        self.protected.add(step)
+
+    def release(self, step):
+        """`step` goes back into the rotation (unless `keeps` names it)."""
+        self.protected.discard(step)
 
     def latest(self):
         found = _complete(self.models_dir)
         return found[-1][2] if found else None
+
+    def latest_finite(self):
+        """The newest complete checkpoint whose weights are finite (or not known to be not), or None:
+        what a stop names as the newest good one."""
+        return next((path for _, _, path, meta in reversed(_complete(self.models_dir))
+                     if meta.get("finite") is not False), None)
 
     def note_resumed(self, path):
         """This run continues from checkpoint `path`: its saves descend from it (rotation may delete
@@ -149,7 +165,8 @@ class CheckpointManager:
 
     def commit(self, tmp, meta):
         """Record the files' checksums, the weights' finiteness, the commit count (`seq`, the write order),
-        the write time (information only) and the lineage in meta.json (written last), make it durable, rename into place, then apply the rolling limit."""
+        the write time (information only) and the lineage in meta.json (written last), make it durable,
+        rename into place, then apply the rolling limit."""
         from .checksums import folder_checksums
         from .formats.model_layout import live_weights
         finite = weights_finite([os.path.join(tmp, path) for path in live_weights(meta)])
@@ -187,22 +204,42 @@ class CheckpointManager:
 
     def rotate(self, total_limit=None):
         """Keep the newest `total_limit` (default: the manager's) rolling checkpoints of this run's
-        history; `keeps` are extra, never deleted; nor is the newest one whose weights are finite (or not
-        known to be not)."""
+        history; `keeps` and protected steps are extra, never deleted; nor is the newest one whose weights
+        are finite (or not known to be not), nor a branch point: one that a checkpoint of another history
+        (listed, or set aside) descends from, as when this run resumed an older checkpoint."""
         total_limit = total_limit or self.total_limit
         if total_limit is None or total_limit <= 0:
             return
-        history = list(self._history().values())  # newest first
-        finite = next((path for _, path, ok in history if ok is not False), None)
+        history = self._history()  # newest first
+        if not history:
+            return
+        entries = list(history.values())
+        finite = next((path for _, path, ok in entries if ok is not False), None)
+        spared = {finite, entries[0][1]} | {history[i][1] for i in self._branch_points(history)}
         for path in self.rolling()[total_limit:]:
-            if path != finite and path != history[0][1]:
+            if path not in spared:
                 self._delete(path)
 
-    def rolling(self):
-        """This run's history but the checkpoints `keeps` names, newest first."""
-        return [path for step, path, _ in self._history().values() if not self._kept(path, step)]
+    def _branch_points(self, history):
+        """save_ids of `history` that a checkpoint outside it descends from directly (its `parent`)."""
+        points = set()
+        for name in os.listdir(self.models_dir):
+            if not (NAME.match(name) or SET_ASIDE.match(name)):
+                continue
+            path = os.path.join(self.models_dir, name)
+            meta = _meta_or_none(path)
+            if meta is not None and meta.get("parent") in history and save_id(path, meta) not in history:
+                points.add(meta["parent"])
+        return points
 
-    def _kept(self, path, step):
+    def rolling(self):
+        """This run's history but the checkpoints `keeps` or `protect` name, newest first."""
+        return [path for step, path, _ in self._history().values() if not self.kept(path, step)]
+
+    def kept(self, path, step):
+        """Whether checkpoint `path` of `step` is out of the rotation: a protected step, or a keep."""
+        if step in self.protected:
+            return True
         if self.keeps_by_epoch:
             return int(NAME.match(os.path.basename(path)).group(1)) in self.keeps
         return step in self.keeps
@@ -233,16 +270,19 @@ class CheckpointManager:
     def resume_path(self, resume, env=None):
         """The checkpoint to resume from, verified against the checksums recorded at its save, or None.
 
-        resume=True: the newest complete checkpoint by write order whose files are intact; a damaged one
-        is passed over with one warning line naming the file. A path: that checkpoint, or
-        CorruptCheckpointError naming the damaged file (ConfigError when it is no checkpoint folder).
-        Checkpoints without recorded checksums are taken as they are. With `env` (several ranks): the main rank decides, every rank gets the same answer (or error).
+        resume=True: the newest complete checkpoint by write order whose files are intact and whose weights
+        are finite; a damaged one is passed over with one warning line naming the file, the non-finite
+        ones with one line naming them all. A path: that checkpoint, or CorruptCheckpointError naming the
+        damaged file, CheckpointError when its weights are not finite (ConfigError when it is no
+        checkpoint folder).
+        Checkpoints without recorded checksums are taken as they are. With `env` (several ranks): the main
+        rank decides, every rank gets the same answer (or error).
         The result also becomes this run's parent (note_resumed)."""
         decided = error = None
         if env is None or env.is_main:
             try:
                 decided = self._choose(resume)
-            except (ConfigError, CorruptCheckpointError) as e:
+            except (ConfigError, CheckpointError) as e:
                 error = (type(e).__name__, str(e))
         if env is not None and env.world_size > 1:
             import torch.distributed as dist
@@ -251,7 +291,8 @@ class CheckpointManager:
                 dist.broadcast_object_list(shared, src=0, group=getattr(env, "cpu_group", None))
                 decided, error = shared
         if error is not None:
-            raise (ConfigError if error[0] == "ConfigError" else CorruptCheckpointError)(error[1])
+            kinds = {kind.__name__: kind for kind in (ConfigError, CorruptCheckpointError, CheckpointError)}
+            raise kinds.get(error[0], CheckpointError)(error[1])
         if decided is not None:
             self.note_resumed(decided)
         return decided
@@ -262,15 +303,26 @@ class CheckpointManager:
         if resume is not True:
             if not is_complete(resume):  # bad input (exit 2), as before checksums
                 raise ConfigError(f"train.resume: {resume} is not a complete checkpoint folder")
+            if _meta_or_none(resume).get("finite") is False:
+                raise CheckpointError(
+                    f"train.resume: {resume} holds non-finite weights (NaN/inf; its meta.json says finite: false),"
+                    f" from which no step can make progress; nothing was loaded. The newest finite checkpoint is"
+                    f" {self.latest_finite() or 'none'} (resume=True takes it)", resume)
             bad = verify(resume)
             if bad is not None:
                 raise CorruptCheckpointError(f"train.resume: {bad}; nothing was loaded", resume)
             return resume
-        for _, _, path, _ in reversed(_complete(self.models_dir)):
+        passed = []  # non-finite ones, newest first
+        for _, _, path, meta in reversed(_complete(self.models_dir)):
+            if meta.get("finite") is False:
+                passed.append(os.path.basename(path))
+                continue
             bad = verify(path)
             if bad is None:
+                _say_passed_over(passed, path)
                 return path
             log.warning("resume: passing over %s: %s; trying the checkpoint before it", path, bad)
+        _say_passed_over(passed, None)
         log.info("resume: no (intact) checkpoint in %s; starting from step 0", self.models_dir)
         return None
 
@@ -293,6 +345,13 @@ class CheckpointManager:
         for name in os.listdir(self.models_dir):
             if name.startswith((TMP_PREFIX, TRASH_PREFIX)):
                 shutil.rmtree(os.path.join(self.models_dir, name), ignore_errors=True)
+
+
+def _say_passed_over(names, chosen):
+    if names:
+        log.warning("resume: passing over %d checkpoint%s with non-finite weights (NaN/inf; meta.json finite:"
+                    " false): %s; %s", len(names), "s" * (len(names) > 1), ", ".join(names),
+                    f"resuming {chosen}" if chosen else "no finite one is left")
 
 
 def verify(path):
