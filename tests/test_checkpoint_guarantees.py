@@ -97,3 +97,127 @@ def test_non_finite_checkpoints_are_never_called_good_nor_resumed(tmp_path, monk
                       f" false): checkpoint_epoch_1_step_3; resuming {models / 'checkpoint_epoch_1_step_2'}"]
     assert read_meta(str(models / "checkpoint_epoch_1_step_3"))["finite"] is True  # this run's own 3
     assert read_meta(str(models / "checkpoint_epoch_1_step_3.superseded_0"))["finite"] is False  # kept aside
+
+
+# -- 4. every reader verifies and stays inside the folder; every writer cleans up and fails in one line ------
+@pytest.fixture(scope="module")
+def one_run(tmp_path_factory):
+    """A finished tiny run (checkpoints at steps 2 and 4): copied by each test that damages it."""
+    project = tmp_path_factory.mktemp("run")
+    launch_from_config(cfg_for(project, max_steps=4, checkpoint_interval=2))
+    return project
+
+
+def copied(one_run, tmp_path):
+    import shutil
+    shutil.copytree(one_run, tmp_path / "p")
+    return tmp_path / "p", tmp_path / "p" / "models" / "checkpoint_epoch_1_step_4"
+
+
+def one_line_exit(argv, capsys, code=1):
+    from giga_train.cli import main
+    capsys.readouterr()
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_export_convert_and_load_checkpoint_refuse_a_flipped_bit(one_run, tmp_path, capsys):
+    from giga_train.checkpoint import CorruptCheckpointError
+    from giga_train.tools.offline import offline_trainer
+    from tests.test_reliability_checkpoints import flip_bit
+    project, newest = copied(one_run, tmp_path)
+    weights = newest / "model" / "diffusion_pytorch_model.safetensors"
+    flip_bit(str(weights))
+    for argv in (["convert", str(newest), "--to", "full"], ["export", str(newest), "--to", "hf"]):
+        err = one_line_exit(argv, capsys)
+        assert f"{weights}: checksum mismatch" in err and "nothing was read" in err, err
+    assert sorted(os.listdir(newest.parent)) == ["checkpoint_epoch_1_step_2", "checkpoint_epoch_1_step_4"]
+    trainer = offline_trainer(str(project / "config.json"), device="cpu")
+    from giga_train.tools.offline import build_model
+    model = build_model(trainer)
+    with pytest.raises(CorruptCheckpointError, match=f"{weights}: checksum mismatch.*nothing was loaded"):
+        trainer.load_checkpoint(str(newest / "model"), model)
+    trainer.load_checkpoint(str(newest.parent / "checkpoint_epoch_1_step_2" / "model"), model)  # intact: loads
+
+
+def test_a_layout_pointing_outside_the_folder_is_never_followed(one_run, tmp_path, capsys):
+    import json
+
+    from giga_train.checkpoint import CorruptCheckpointError, read_weights
+    from giga_train.checkpoint.manager import CheckpointManager
+    project, newest = copied(one_run, tmp_path)
+    meta = json.loads((newest / "meta.json").read_text())
+    meta["layout"]["models"] = {"../checkpoint_epoch_1_step_2/model": ""}  # another checkpoint's weights
+    meta["layout"]["live"] = ["../checkpoint_epoch_1_step_2/model"]
+    (newest / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(CorruptCheckpointError, match="layout entry '../checkpoint_epoch_1_step_2/model' points"
+                                                     " outside the checkpoint folder"):
+        read_weights(str(newest))
+    err = one_line_exit(["convert", str(newest), "--to", "full"], capsys)
+    assert "points outside the checkpoint folder" in err, err
+    with Warnings() as warned:  # resume=True: the one before it, with one line
+        assert CheckpointManager(str(newest.parent)).resume_path(True).endswith("checkpoint_epoch_1_step_2")
+    assert len(warned.lines) == 1 and "points outside the checkpoint folder" in warned.lines[0], warned.lines
+    # a model folder that is a symlink out of the checkpoint, and a file list naming a file outside: the same
+    import shutil
+
+    from giga_train.checkpoint import verify
+    step2 = newest.parent / "checkpoint_epoch_1_step_2"
+    shutil.copy(one_run / "models" / newest.name / "meta.json", newest / "meta.json")  # the meta.json it wrote
+    shutil.rmtree(newest / "model")
+    os.symlink(step2 / "model", newest / "model")
+    assert "layout entry 'model' points outside the checkpoint folder" in verify(str(newest))
+    meta = json.loads((step2 / "meta.json").read_text())
+    meta["files"]["../checkpoint_epoch_1_step_4/training_state.pt"] = [1, "0"]
+    (step2 / "meta.json").write_text(json.dumps(meta))
+    assert verify(str(step2)) == (f"{step2}/../checkpoint_epoch_1_step_4/training_state.pt: outside the checkpoint"
+                                  " folder (meta.json is not the one its save wrote)")
+
+
+LIMITED = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (BYTES, BYTES))
+from giga_train.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def limited(limit, *argv):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-c", LIMITED.replace("BYTES", str(limit)), *argv],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_convert_after_a_failed_or_interrupted_convert(one_run, tmp_path, capsys):
+    project, newest = copied(one_run, tmp_path)
+    out = str(newest) + "_full"
+    os.makedirs(out + ".tmp")  # an interrupted convert's
+    (tmp_path / "p" / "models" / "checkpoint_epoch_1_step_4_full.tmp" / "model.safetensors").write_bytes(b"half")
+    size = os.path.getsize(newest / "model" / "diffusion_pytorch_model.safetensors")
+    run = limited(size // 2, "convert", str(newest), "--to", "full")  # the weights file does not fit
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    last = run.stderr.strip().splitlines()[-1]  # (above it: torch's UserWarning about torch.distributed)
+    assert last.startswith("giga-train: error: convert: File too large"), run.stderr
+    assert f"nothing was written to {out}" in last
+    assert not os.path.exists(out) and not os.path.exists(out + ".tmp")  # nothing left behind
+    os.makedirs(out + ".tmp")  # interrupted again (kill -9): the next convert removes it
+    from giga_train.cli import main
+    assert main(["convert", str(newest), "--to", "full"]) == 0
+    assert sorted(os.listdir(out)) == ["model.safetensors", "optimizer.pt"] and not os.path.exists(out + ".tmp")
+
+
+def test_a_full_disk_at_the_lock_file_is_one_line(tmp_path):
+    cfg = cfg_for(tmp_path, max_steps=1)
+    path = tmp_path / "cfg.py"
+    path.write_text(f"config = {cfg!r}\n")
+    (tmp_path / ".giga_train.lock").write_text("")  # there from an earlier run; the disk is full now
+    run = limited(0, "train", str(path))
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last == (f"giga-train: error: project_dir {tmp_path}: cannot write its lock file"
+                    f" {tmp_path / '.giga_train.lock'} (File too large); nothing was started"), run.stderr
+    assert not (tmp_path / "models").exists()

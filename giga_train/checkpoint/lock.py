@@ -54,9 +54,15 @@ class ProjectLock:
                     os.close(fd)
                     raise ProjectLockedError(f"project_dir {self.project_dir}: {sub}/ is not a writable folder"
                                              f" ({'checkpoints' if sub == 'models' else 'logs'} go there)")
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(dict(pid=os.getpid(), host=socket.gethostname(),
-                                          since=time.strftime("%Y-%m-%d %H:%M:%S"))).encode() + b"\n", 0)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps(dict(pid=os.getpid(), host=socket.gethostname(),
+                                              since=time.strftime("%Y-%m-%d %H:%M:%S"))).encode() + b"\n", 0)
+            except OSError as e:  # a full disk, a quota, a file-size limit
+                fcntl.lockf(fd, fcntl.LOCK_UN)
+                os.close(fd)
+                raise ProjectLockedError(f"project_dir {self.project_dir}: cannot write its lock file {self.path}"
+                                         f" ({e.strerror or e}); nothing was started") from None
             self.fd = fd
             _HELD[self.path] = self
         return self

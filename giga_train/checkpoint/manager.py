@@ -354,21 +354,44 @@ def _say_passed_over(names, chosen):
                     f"resuming {chosen}" if chosen else "no finite one is left")
 
 
-def verify(path):
-    """None when every file that checkpoint `path`'s meta.json lists is there with its recorded size
-    and checksum (or it lists none: written before checksums); else one line naming the file."""
+def verify(path, under=None):
+    """None when every file that checkpoint `path`'s meta.json lists (`under`: only those in that
+    sub-folder or file) is there with its recorded size and checksum (or it lists none: written before
+    checksums), and its layout stays inside the folder; else one line naming the file."""
     from .checksums import first_mismatch
+    from .formats.model_layout import layout_problem
     meta = _meta_or_none(path)
     if meta is None:
         return f"{os.path.join(path, META)}: missing or unreadable"
+    problem = layout_problem(path, meta)
+    if problem is not None:
+        return problem
     files = meta.get("files")
     if not isinstance(files, dict):
         return None
+    if under is not None:
+        files = {rel: v for rel, v in files.items() if rel == under or rel.startswith(under + "/")}
     try:
         bad = first_mismatch(path, files)
     except (TypeError, ValueError):
         return f"{os.path.join(path, META)}: its file list is damaged"
     return None if bad is None else f"{os.path.join(path, bad[0])}: {bad[1]}"
+
+
+def check_intact(path, doing="read"):
+    """Raise CorruptCheckpointError in one line unless `path` (a checkpoint folder, or a model folder or
+    file inside one) verifies: what export, convert and load_checkpoint call before reading. A path in
+    no checkpoint of ours has nothing recorded to check."""
+    path = os.path.normpath(path)
+    checkpoint, under = path, None
+    if not is_complete(path):
+        checkpoint, under = os.path.dirname(path), os.path.basename(path)
+        if not is_complete(checkpoint):
+            return
+    bad = verify(checkpoint, under)
+    if bad is not None:
+        raise CorruptCheckpointError(f"{bad}; nothing was {doing}", checkpoint)
+
 
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 OS_ERROR_IN_TEXT = re.compile(r"os error (\d+)")
