@@ -221,3 +221,38 @@ def test_a_full_disk_at_the_lock_file_is_one_line(tmp_path):
     assert last == (f"giga-train: error: project_dir {tmp_path}: cannot write its lock file"
                     f" {tmp_path / '.giga_train.lock'} (File too large); nothing was started"), run.stderr
     assert not (tmp_path / "models").exists()
+
+
+# -- 5. two project_dirs whose models/ are one folder (a symlink) exclude each other -------------------------
+def test_the_lock_covers_a_models_folder_shared_through_a_symlink(tmp_path, capsys):
+    import signal
+    import subprocess
+    import sys
+
+    from giga_train.checkpoint import ProjectLockedError
+    from giga_train.checkpoint.lock import ProjectLock
+    from tests.test_reliability_checkpoints import HOLD
+    a, b = tmp_path / "a", tmp_path / "b"
+    (a / "models" / ".tmp_checkpoint_epoch_1_step_9").mkdir(parents=True)  # a's save in flight
+    b.mkdir()
+    os.symlink(a / "models", b / "models")
+    with ProjectLock(str(a)):  # in this process
+        with pytest.raises(ProjectLockedError, match=f"its models/ is {a / 'models'}, in use by a run in this"):
+            ProjectLock(str(b)).acquire()
+    with ProjectLock(str(b)):  # either order
+        with pytest.raises(ProjectLockedError, match="in use by a run in this process"):
+            ProjectLock(str(a)).acquire()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(a)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        path = tmp_path / "cfg.py"
+        path.write_text(f"config = {cfg_for(b, max_steps=1)!r}\n")
+        err = one_line_exit(["train", str(path)], capsys)
+        assert f"project_dir {b} (its models/ is {a / 'models'}): in use by another run (pid {holder.pid} " in err
+        assert (a / "models" / ".tmp_checkpoint_epoch_1_step_9").is_dir()  # b's clean-up never ran
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert os.listdir(a / "models") == [".tmp_checkpoint_epoch_1_step_9"]
+    from giga_train.checkpoint import lock
+    assert not lock._HELD
