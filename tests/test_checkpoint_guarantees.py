@@ -177,10 +177,12 @@ def test_a_layout_pointing_outside_the_folder_is_never_followed(one_run, tmp_pat
 
 
 LIMITED = """
-import resource, signal, sys
+import resource, signal, sys, tempfile
+import torch
+from giga_train.cli import main
+tempfile.gettempdir()  # found before the limit: finding it writes a probe file
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (BYTES, BYTES))
-from giga_train.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
