@@ -7,6 +7,7 @@ import os
 from ..checkpoint import set_rng_state
 from ..compat.gigatrain_checkpoint import (is_gigatrain_checkpoint, latest_gigatrain_checkpoint,
                                             read_gigatrain_checkpoint)
+from ..checkpoint.manager import check_intact
 from ..checkpoint.formats.model_layout import class_name as module_class_name, folder_class_name
 from ..errors import ConfigError
 from ..schema.train import checkpoint_steps
@@ -109,6 +110,7 @@ class CheckpointHooks:
                 (m for m in models if module_class_name(m) == class_name), None)
             if model is None:
                 raise ConfigError(f"{folder}: holds a {class_name}, and no model given is one (No model loaded)")
+            check_intact(folder, "loaded")  # inside a checkpoint of ours: its checksums, as resume
             try:
                 state = load_state_dict(folder)
             except (OSError, ValueError) as e:  # names the folder or file
