@@ -124,7 +124,8 @@ class Trainer(CheckpointHooks, Runner):
                                         rank_state=self._stream if getattr(self._stream, "per_rank_state", False)
                                         else None)
         max_nan = train.max_nan_steps if train.max_nan_steps is not None else float("inf")  # None: never stop
-        self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest)
+        self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest,
+                                  max_overflow=train.max_overflow_steps or float("inf"))
         self._scheduler_rewind = SchedulerRewind(self.schedulers, self.optimizers)
         val = self.config.dataloaders.get("val")
         if train.eval_interval and val is not None:
