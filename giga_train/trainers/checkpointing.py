@@ -11,6 +11,7 @@ from ..checkpoint.formats.model_layout import class_name as module_class_name, f
 from ..errors import ConfigError
 from ..schema.train import checkpoint_steps
 from ..compat.utils import load_state_dict
+from .resume_config import config_applies
 
 log = logging.getLogger("giga_train")
 
@@ -49,7 +50,8 @@ class CheckpointHooks:
         path = self.checkpoints.resume_path(True if named is None else named)
         if path is None:
             return  # the checkpoint manager said so, in one line
-        self.checkpoints.load(path, self.load_state_dict)
+        with config_applies(self, path):  # the config's hyper-parameters apply; a state that cannot fit: one line
+            self.checkpoints.load(path, self.load_state_dict)
         # the epoch as the folder names it (GigaTrain's cur_epoch), not the 0-based epoch the stream is in
         log.info("resumed from %s at step %d (epoch %d)", path, self.step, self.cur_epoch)
 
