@@ -23,7 +23,8 @@ class CheckpointHooks:
         step's validation is the best so far (train.checkpoint_best)."""
         every = checkpoint_steps(self.train_config, self.epoch_size)
         best = getattr(self, "best_checkpoint", None)
-        if (every and self.step % every == 0) or self.step == self.max_steps or (best and best.due == self.step):
+        if (every and self.epoch_clock.crossed(self.step, every)) or self.step == self.max_steps or \
+                (best and best.due == self.step):
             self.save_checkpoint()
 
     def save_checkpoint(self):
@@ -137,13 +138,14 @@ class CheckpointHooks:
     def state_dict(self):
         """The trainer's own state in a checkpoint (training_state.pt): scheduler, data position, step."""
         return {"schedulers": [s.state_dict() for s in self.schedulers], "data": self._stream.state_dict(),
-                "step": self.step}
+                "step": self.step, "epoch_offset": self.epoch_clock.state_dict()}
 
     def load_state_dict(self, state):
         for scheduler, saved in zip(self.schedulers, state.get("schedulers") or [state["scheduler"]]):
             scheduler.load_state_dict(saved)
         self._stream.load_state_dict(state["data"])
         self.step = int(state["step"])
+        self.epoch_clock.resumed(self, state["data"], state.get("epoch_offset"))
 
     def checkpoint_meta(self):
         """What meta.json records beside the files."""
