@@ -44,3 +44,27 @@ def test_a_dataset_smaller_than_the_saved_position_starts_the_next_epoch(tmp_pat
     assert [line.split(" WARNING ")[1] for line in log(tmp_path) if "smaller than when saved" in line] == [
         f"resume: the dataset has {len(trainer._stream)} batches an epoch now, and epoch 0 was saved at batch 12"
         " (it is smaller than when saved); epoch 1 starts"]
+
+
+def test_a_stateless_stream_that_shrank_starts_its_next_epoch(tmp_path):
+    """A streaming dataset without state replays the consumed batches of its epoch at a resume; one that
+    shrank below them (37 -> 10 samples, 10 batches of 3 consumed) starts its next epoch, one warning line."""
+    import torch
+    from giga_train.config import Config
+    from giga_train.data import build_stream
+    from giga_train.schema import LOADER
+
+    def stream(size):
+        cfg = Config({k: v.default for k, v in LOADER.items()})
+        cfg.update(data_or_config=dict(_class_name="tests.streams.CountingStream", size=size), batch_size_per_gpu=3)
+        return build_stream(cfg, seed=7, rank=0, world_size=1, device=torch.device("cpu"))
+    saved = stream(37)
+    for _ in range(10):
+        next(saved)
+    small = stream(10)
+    small.load_state_dict(saved.state_dict())
+    first = next(small)["index"].tolist()
+    expected = stream(10)
+    expected.epoch = 1
+    expected.load_state_dict(dict(expected.state_dict(), epoch=1))
+    assert small.epoch == 1 and first == next(expected)["index"].tolist()
