@@ -11,7 +11,7 @@ import pytest
 from giga_train import launch_from_config
 from giga_train.checkpoint import list_checkpoints, read_meta
 from giga_train.checkpoint import manager as manager_module
-from tests.test_reliability_checkpoints import Warnings, cfg_for, steps
+from tests.test_reliability_checkpoints import Warnings, cfg_for
 
 
 # -- 1. newest by the folder's commit count, never by a clock ----------------------------------------------

@@ -1,7 +1,6 @@
 """The config is the truth at resume: a corrected lr (any optimizer hyper-parameter, the scheduler's values,
 an optimizer type whose state is the saved one's) applies, with one line listing what differs; a model or
 optimizer the saved state cannot fit is refused in one line before training, the checkpoints intact."""
-import os
 
 import pytest
 import torch
