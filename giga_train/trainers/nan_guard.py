@@ -10,23 +10,13 @@ before a checkpoint, on preemption, at the end. On the CPU the flags are there a
 read them itself (optimizers without found_inf, DeepSpeed) a step's record is settled as it comes."""
 import collections
 import logging
-from dataclasses import dataclass
 
 import torch
 
+from ..engine.step import Verdict
 from ..errors import TrainingStopped
 
 log = logging.getLogger("giga_train")
-
-
-@dataclass
-class Verdict:
-    """One step's decision: skip on the device where `found_inf` (a device tensor) is 1.0, or, read on
-    the host, skip when `nonfinite_names` is not empty."""
-    names: tuple
-    flags: object  # float32 device tensor, 1.0 where that value was non-finite on some rank
-    found_inf: object = None
-    nonfinite_names: tuple = ()
 
 
 def decide(strategy, loss, grad_norm):

@@ -30,8 +30,7 @@ from ..errors import ConfigError
 from ..engine.fp8 import convert_to_float8
 from ..optimizers import build_optimizer
 from ..optimizers.group import OptimizerGroup
-from .. import engine  # noqa: F401  (registers the strategies)
-from ..registry import STRATEGIES
+from ..engine import strategy_class
 from ..schedulers import SCHEDULERS
 from ..schema.train import train_kwargs
 from ..tracking import MetricLogger, PerfMeter, StepProfiler, hparams
@@ -54,6 +53,15 @@ TRAINER_KEYWORDS = (
     "logging_dir")
 
 
+def the_one_model(models):
+    """What get_models returned, as the one module giga-train trains (a ConfigError for several)."""
+    models = as_list(models)
+    if len(models) != 1:
+        raise ConfigError(f"get_models returned {len(models)} models: giga-train trains one module;"
+                          " put several in a giga_train.ModuleDict (GigaTrain's checkpoints also hold one)")
+    return models[0]
+
+
 def seed_everything(seed):
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -64,12 +72,10 @@ class Trainer(CheckpointHooks, Runner):
     """Runs the `train` part of a config. Override `get_models` and `forward_step`; any hook below."""
     SECTION, OWN_KEYWORDS, LOG_NAME = "train", TRAINER_KEYWORDS, "train.log"
 
-    def __init__(self, project_dir, **train):
-        super().__init__(project_dir, **train)
+    def __init__(self, project_dir=None, *, config=None, **train):
+        super().__init__(project_dir, config=config, **train)
         self.train_config = self.options
-        self.strategy = STRATEGIES.get(self.config.launch.distributed_type)(
-            self.env, self.config.launch, self.train_config,
-            micro_batch_size=self.config.dataloaders.train.batch_size_per_gpu)
+        self.strategy = None  # the engine: made by prepare (it opens the process group)
         if self.train_config.get("allow_tf32", True) and torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         self.step = 0  # optimizer steps completed (cur_step is GigaTrain's, 1-based inside a step)
@@ -97,14 +103,14 @@ class Trainer(CheckpointHooks, Runner):
 
     # -- building (GigaTrain's prepare and its hooks) -------------------------------------------
     def prepare(self, dataloaders, models, optimizers, schedulers):
-        train = self.train_config
+        train, launch = self.train_config, self.config.launch
+        self.start_job()
+        self.strategy = strategy_class(launch)(self.env, launch, train, settings=self.config.engine_settings,
+                                               micro_batch_size=self.config.dataloaders.train.batch_size_per_gpu)
         self._dataloaders = as_list(self.get_dataloaders(dataloaders))
         self._stream = as_stream(self.dataloader, self.device)  # what the loop reads; checkpoints its position
         with building_context(self.config.launch, self.process_index):  # meta off rank 0 under rank-0 loading
-            self._models = as_list(self.get_models(models))
-        if len(self._models) != 1:
-            raise ConfigError(f"get_models returned {len(self._models)} models: giga-train trains one module;"
-                              " put several in a giga_train.ModuleDict (GigaTrain's checkpoints also hold one)")
+            self._models = [the_one_model(self.get_models(models))]
 
         def make_optimizers(module):  # called by the engine with the module whose parameters it steps
             self._models = [module]
@@ -137,6 +143,7 @@ class Trainer(CheckpointHooks, Runner):
             self.best_checkpoint = BestCheckpoint(train.checkpoint_best, self.checkpoints.folders,
                                                   self.is_main_process)
         seed_everything(train.seed + self.process_index)  # ranks differ from here on (dropout, noise)
+        self.prepared = True
 
     def get_dataloaders(self, data_config):
         """The training data: micro-batches on the device, resumable to the exact sample."""
@@ -283,6 +290,8 @@ class Trainer(CheckpointHooks, Runner):
 
     # -- the loop -------------------------------------------------------------------------------
     def train(self):
+        if not self.prepared:  # built directly: prepare from the config's sections
+            self.prepare(**self.prepare_arguments(self.config))
         if self.step >= self.max_steps:
             log.info("already at step %d of %d: nothing to train", self.step, self.max_steps)
             return self._finish()
@@ -526,7 +535,8 @@ class Trainer(CheckpointHooks, Runner):
             self.best_checkpoint.load_state_dict(state.get("best"))
 
     def abandon(self):
-        self.strategy.close()
+        if self.strategy is not None:
+            self.strategy.close()
 
     def _finish(self):
         self.wait_for_checkpoint()
