@@ -47,7 +47,7 @@ ZERO = "config['launch'] = dict(distributed_type='DEEPSPEED', deepspeed_config=d
     (FSDP1.format("") + "; config['optimizers'] = dict(type='CAME8Bit', lr=1e-3)",
      "optimizers.type=CAME8Bit: FSDP1 hands the optimizer flat 1-D shards"),
     (FSDP1.format(", fsdp_cpu_ram_efficient_loading=True"),
-     "launch.fsdp_config.fsdp_cpu_ram_efficient_loading: rank-0 loading starts the other ranks on the meta device"),
+     "launch.fsdp_config.fsdp_cpu_ram_efficient_loading: rank-0 loading is implemented with fsdp_version=2 only"),
     (ZERO.format("zero3.json", "") + "; config['train']['with_ema'] = True",
      "train.with_ema: not available under ZeRO-3"),
     (ZERO.format("zero2.json", ", zero3_init_flag=True"),

@@ -16,13 +16,8 @@ class FSDP1Strategy(FSDP2Strategy):
     @classmethod
     def check_config(cls, config):
         from ..registry import OPTIMIZERS
-        from .meta_start import rank0_loading
-        if config.train.with_ema:
+        if config.train.with_ema:  # (rank-0 loading, a meta start, is refused with fsdp_version=1 by the schema)
             raise ConfigError("train.with_ema: not available with fsdp_version=1 (use fsdp_version=2)")
-        from_rank0 = rank0_loading(config.launch)
-        if from_rank0:
-            raise ConfigError(f"{from_rank0}: rank-0 loading starts the other ranks on the meta device, which only"
-                              " FSDP2 (fsdp_version=2) and DeepSpeed ZeRO-3 materialise; use fsdp_version=2")
         entries = [config.optimizers] if isinstance(config.optimizers, dict) else list(config.optimizers)
         for i, entry in enumerate(entries):
             where = "optimizers" if isinstance(config.optimizers, dict) else f"optimizers[{i}]"
