@@ -13,7 +13,7 @@ from ..errors import ConfigError
 from ..launch.runners import runner_classes
 from ..schema.validate import validate_config
 from ..trainers import Trainer
-from ..trainers.trainer import the_one_model
+from ..trainers.building import the_one_model
 
 
 def offline_trainer(config, overrides=(), device="meta"):

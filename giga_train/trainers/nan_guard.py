@@ -65,9 +65,12 @@ class StepFlags:
 
 
 class NanGuard:
-    def __init__(self, policy, max_in_a_row, is_main, newest_checkpoint=lambda: None):
+    """`rewind`: the SchedulerRewind of the steps whose skip is decided on the device (None: no scheduler)."""
+
+    def __init__(self, policy, max_in_a_row, is_main, newest_checkpoint=lambda: None, rewind=None):
         self.policy, self.max_in_a_row, self.is_main = policy, max_in_a_row, is_main
         self.newest_checkpoint = newest_checkpoint  # called only for a stop's message
+        self.rewind = rewind
         self.in_a_row = 0  # consecutive skipped steps
         self.window = 0    # skipped since the last log line (the `nan_skipped` scalar)
         self.pending = collections.deque()  # StepFlags not settled yet, oldest first
@@ -83,14 +86,19 @@ class NanGuard:
             return None
         return lambda grad_norm: decide(strategy, loss, grad_norm)
 
+    def before_scheduler_step(self, step, result):
+        """Call before the scheduler steps for `step` (its StepResult `result`): a skip decided on the
+        device is known later, when the scheduler step may have to be taken back."""
+        if result.found_inf is not None and self.rewind is not None:
+            self.rewind.remember(step)
+
     def record(self, step, result):
         if self.enabled:
             self.pending.append(StepFlags(step, result))
 
-    def settle(self, now, wait=False, on_settled=None):
-        """Settle the pending steps in order: those whose flags have reached the host, or all (`wait`).
-        `on_settled(flags)` runs for each (the trainer rewinds the scheduler for a step skipped on the
-        device). A stop found without `wait` is kept in `stopping` and raised by the next settle with
+    def settle(self, now, wait=False):
+        """Settle the pending steps in order: those whose flags have reached the host, or all (`wait`);
+        a step skipped on the device takes its scheduler step back (SchedulerRewind). A stop found without `wait` is kept in `stopping` and raised by the next settle with
         `wait`: ranks settle at different moments, so the trainer first agrees with the others on a
         stop (and every rank then finds the same one); with `wait` every rank is at the same point."""
         if self.stopping is not None:
@@ -100,8 +108,8 @@ class NanGuard:
         while self.pending and (wait or self.pending[0].ready()):
             flags = self.pending.popleft()
             bad = flags.read()
-            if on_settled is not None:
-                on_settled(flags)
+            if self.rewind is not None:
+                self.rewind.settled(flags)
             if not bad:
                 self.in_a_row = 0
                 continue
