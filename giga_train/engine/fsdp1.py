@@ -7,10 +7,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 from .block_classes import wrap_class_names
 from ..errors import ConfigError
-from .fsdp2 import FSDP2Strategy
+from .fsdp_base import FSDPStrategyBase
 
 
-class FSDP1Strategy(FSDP2Strategy):
+class FSDP1Strategy(FSDPStrategyBase):
     starts_from_meta = False  # FullyShardedDataParallel would need param_init_fn and sync_module_states
 
     @classmethod
@@ -23,9 +23,6 @@ class FSDP1Strategy(FSDP2Strategy):
             where = "optimizers" if isinstance(config.optimizers, dict) else f"optimizers[{i}]"
             refuse_flat_shards(OPTIMIZERS.resolve(entry)[0], f"{where}.type=")
         return None
-
-    def gathers_float8_weights(self):
-        return False
 
     def setup(self, model, make_optimizer):
         from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
