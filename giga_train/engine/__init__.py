@@ -17,5 +17,5 @@ def strategy_class(launch):
     return STRATEGIES.get(launch.distributed_type)
 
 
-__all__ = ["strategy_class", "StepResult", "Strategy", "SingleProcessStrategy", "DDPStrategy", "FSDP1Strategy", "FSDP2Strategy",
-           "DeepSpeedStrategy", "fsdp_strategy"]
+__all__ = ["strategy_class", "StepResult", "Strategy", "SingleProcessStrategy", "DDPStrategy", "FSDP1Strategy",
+           "FSDP2Strategy", "DeepSpeedStrategy", "fsdp_strategy"]

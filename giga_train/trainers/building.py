@@ -1,5 +1,5 @@
-"""The Trainer's constructor keywords, and what its building hooks do by default (get_models' one module, get_optimizers,
-get_schedulers), as functions of what they are given, and the seeding of every rank."""
+"""The Trainer's constructor keywords, and what its building hooks do by default (get_models' one module,
+get_optimizers, get_schedulers), as functions of what they are given, and the seeding of every rank."""
 import random
 
 import numpy as np

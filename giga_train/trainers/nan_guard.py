@@ -98,9 +98,10 @@ class NanGuard:
 
     def settle(self, now, wait=False):
         """Settle the pending steps in order: those whose flags have reached the host, or all (`wait`);
-        a step skipped on the device takes its scheduler step back (SchedulerRewind). A stop found without `wait` is kept in `stopping` and raised by the next settle with
-        `wait`: ranks settle at different moments, so the trainer first agrees with the others on a
-        stop (and every rank then finds the same one); with `wait` every rank is at the same point."""
+        a step skipped on the device takes its scheduler step back (SchedulerRewind). A stop found without
+        `wait` is kept in `stopping` and raised by the next settle with `wait`: ranks settle at different
+        moments, so the trainer first agrees with the others on a stop (and every rank then finds the same
+        one); with `wait` every rank is at the same point."""
         if self.stopping is not None:
             if wait:
                 raise self.stopping
