@@ -55,7 +55,7 @@ def test_counted_flops_give_mfu_and_tokens_and_the_trace_covers_the_chosen_steps
     peak = 1e9
     trainer = launch_from_config(mlp_config(tmp_path, count_flops=True, tokens_per_sample=10, peak_flops=peak,
                                             profile=dict(wait=2, warmup=1, active=2)))
-    assert trainer._perf.flops_per_sample == analytic_flops_per_sample()  # counted over 2 micro-batches of 4
+    assert trainer.run_log.perf.flops_per_sample == analytic_flops_per_sample()  # counted over 2 micro-batches of 4
     for row in rows(tmp_path):
         assert row["tokens_per_sec"] == pytest.approx(10 * row["samples_per_sec"], rel=1e-9)
         achieved = row["samples_per_sec"] * analytic_flops_per_sample()

@@ -129,7 +129,7 @@ def test_best_checkpoint_is_kept_out_of_rotation_and_survives_resume(tmp_path, m
 def test_progress_bar_shows_named_losses_and_never_nan(tmp_path):
     cfg = tiny_config(tmp_path, runner="tests.tiny.DictLossTrainer", max_steps=4, log_interval=2, progress_bar=True)
     trainer = launch_from_config(cfg)
-    shown = float(re.search(r"loss=([-0-9.]+)", trainer._metrics.bar.postfix).group(1))
+    shown = float(re.search(r"loss=([-0-9.]+)", trainer.run_log.metrics.bar.postfix).group(1))
     assert shown == pytest.approx(trainer.last_metrics["total_loss"], abs=1e-4)
     assert bar_postfix({"lr": 0.1}) == {}  # a window whose every step was skipped: no loss, not 'nan'
     assert bar_postfix({"total_loss": 2.0, "val/loss": 1.5}) == {"loss": "2.0000", "val_loss": "1.5000"}

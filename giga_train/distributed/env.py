@@ -36,6 +36,13 @@ class Environment:
         return tuple(flags) if more else flags[0]
 
 
+def world_size_of(launch):
+    """Ranks in the whole job (a validated launch section): one per GPU id (or num_processes on CPU) on each
+    machine."""
+    per_machine = len(launch.gpu_ids) if launch.gpu_ids else launch.num_processes
+    return per_machine * (launch.num_machines or 1)
+
+
 DEFAULT_COLLECTIVE_TIMEOUT_S = 600  # NCCL's own default in torch; gloo's is 30 minutes
 TIMEOUT_VARIABLE = "GIGA_TRAIN_COLLECTIVE_TIMEOUT"
 
@@ -60,7 +67,16 @@ def _env_int(*names, default=0):
 
 
 def setup_environment(launch=None):
-    """Read this process's place in the job and pick its device; quiet noisy libraries.
+    """Read this process's place in the job (read_environment) and join its process group when it has
+    several ranks."""
+    env = read_environment(launch)
+    if env.distributed:
+        init_process_group(env, launch)
+    return env
+
+
+def read_environment(launch=None):
+    """Read this process's place in the job and pick its device; quiet noisy libraries. Opens no process group.
 
     With `launch.gpu_ids`, the local rank indexes those GPUs (the launcher sets CUDA_VISIBLE_DEVICES
     to them when it spawns, so then it indexes the visible ones)."""
@@ -75,10 +91,7 @@ def setup_environment(launch=None):
         index = local_rank if visible else gpu_ids[local_rank]
         device = torch.device("cuda", index)
         torch.cuda.set_device(device)
-    env = Environment(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
-    if env.distributed:
-        init_process_group(env, launch)
-    return env
+    return Environment(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 
 def fill_slurm_rendezvous(launch):

@@ -12,7 +12,7 @@ import torch
 from ..errors import ConfigError
 from ..registry import STRATEGIES
 from .deepspeed_config import resolve_deepspeed_config
-from ..distributed.env import init_process_group
+from ..distributed.env import init_process_group, world_size_of
 from ..checkpoint.formats.full_state import DEEPSPEED_DIR, DEEPSPEED_TAG, deepspeed_meta, write_deepspeed_meta
 from ..checkpoint.safe_unpickle import safe_torch_loads
 from .protocol import OVERFLOW, StepResult, Strategy
@@ -30,14 +30,23 @@ class DeepSpeedStrategy(Strategy):
                      " 'MULTI_GPU' here; DeepSpeed's own Ulysses is not wired to the mesh")
     state_snapshot_detached = False  # engine.save_checkpoint takes the engine's state itself, synchronously
 
-    def __init__(self, env, launch, train, **kwargs):
+    @classmethod
+    def check_config(cls, config):
+        """The DeepSpeed JSON resolved against the train config (deepspeed_config.py), and what ZeRO-3 refuses."""
+        ds_config = resolve_deepspeed_config(config.launch.deepspeed_config, config.train,
+                                             config.dataloaders.train.batch_size_per_gpu, world_size_of(config.launch))
+        if _stage(ds_config) == 3 and config.train.with_ema:
+            raise ConfigError("train.with_ema: not available under ZeRO-3 (parameters are partitioned);"
+                              " use FSDP (fsdp_version=2) or ZeRO-0/1/2")
+        return ds_config
+
+    def __init__(self, env, launch, train, settings=None, **kwargs):
         super().__init__(env, launch, train, **kwargs)
         init_process_group(env)
         self.precision.scaler = None  # the engine scales fp16 losses itself
         self._accumulating = False
-        self.ds_config = resolve_deepspeed_config(self.launch.deepspeed_config, self.train,
-                                                  self.micro_batch_size, self.env.world_size)
-        self.stage = int(self.ds_config.get("zero_optimization", {}).get("stage", 0))
+        self.ds_config = settings  # check_config's resolved JSON
+        self.stage = _stage(self.ds_config)
 
     @property
     def starts_from_meta(self):
@@ -47,9 +56,6 @@ class DeepSpeedStrategy(Strategy):
         """`meta_start` (a MetaStart, ZeRO-3): the model is on the meta device; it is materialised and
         partitioned module by module before the engine is built."""
         import deepspeed
-        if self.stage == 3 and self.train.with_ema:
-            raise ConfigError("train.with_ema: not available under ZeRO-3 (parameters are partitioned);"
-                              " use FSDP (fsdp_version=2) or ZeRO-0/1/2")
         self._added_env = _set_launcher_variables(self.env)  # deepspeed.zero.Init reads them too
         if meta_start is None:
             model.to(self.device)
@@ -192,6 +198,10 @@ class DeepSpeedStrategy(Strategy):
         """Whole fp32 weights (DeepSpeed's master weights where it wrote them, else those load_model_state
         was given) and optimizer state into the engine, each rank keeping its partition."""
         set_full_state(self, weights if weights is not None else self._weights, optimizer_state)
+
+def _stage(ds_config):
+    return int(ds_config.get("zero_optimization", {}).get("stage", 0))
+
 
 def _set_launcher_variables(env):
     """DeepSpeed reads LOCAL_RANK & co. throughout, also in one process started without a launcher.

@@ -7,10 +7,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 from .block_classes import wrap_class_names
 from ..errors import ConfigError
-from .fsdp2 import FSDP2Strategy
+from .fsdp_base import FSDPStrategyBase
 
 
-class FSDP1Strategy(FSDP2Strategy):
+class FSDP1Strategy(FSDPStrategyBase):
     starts_from_meta = False  # FullyShardedDataParallel would need param_init_fn and sync_module_states
     PARALLEL_DIMS = ("dp_shard",)
     PARALLEL_NOTE = "use fsdp_version=2 (FSDP2 takes dp_replicate x dp_shard x sp)"
@@ -19,14 +19,20 @@ class FSDP1Strategy(FSDP2Strategy):
     def parallel_refusal(cls, dims):
         return None
 
-    def gathers_float8_weights(self):
-        return False
+    @classmethod
+    def check_config(cls, config):
+        from ..registry import OPTIMIZERS
+        if config.train.with_ema:  # (rank-0 loading, a meta start, is refused with fsdp_version=1 by the schema)
+            raise ConfigError("train.with_ema: not available with fsdp_version=1 (use fsdp_version=2)")
+        entries = [config.optimizers] if isinstance(config.optimizers, dict) else list(config.optimizers)
+        for i, entry in enumerate(entries):
+            where = "optimizers" if isinstance(config.optimizers, dict) else f"optimizers[{i}]"
+            refuse_flat_shards(OPTIMIZERS.resolve(entry)[0], f"{where}.type=")
+        return None
 
     def setup(self, model, make_optimizer):
         from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-        if self.train.with_ema:
-            raise ConfigError("train.with_ema: not available with fsdp_version=1 (use fsdp_version=2)")
         dtype = self.precision.dtype
         wrap_classes = wrap_class_names(model, self.fsdp)
         classes = {type(m) for m in model.modules() if type(m).__name__ in wrap_classes}
@@ -36,9 +42,7 @@ class FSDP1Strategy(FSDP2Strategy):
             device_id=self.device)
         self.optimizer = make_optimizer(self.model)
         for opt in getattr(self.optimizer, "optimizers", [self.optimizer]):  # an OptimizerGroup holds several
-            refusal = getattr(type(opt), "FSDP1_REFUSAL", None)
-            if refusal:  # a trainer's own get_optimizers can reach here past `check`
-                raise ConfigError(f"optimizer {type(opt).__name__}: {refusal}")
+            refuse_flat_shards(type(opt), "optimizer ")  # a trainer's own get_optimizers gets here past `check`
         return self.model, self.optimizer
 
     def unwrap(self):
@@ -52,3 +56,11 @@ class FSDP1Strategy(FSDP2Strategy):
 
     def optimizer_state_options(self):
         return StateDictOptions(full_state_dict=True, cpu_offload=self.device.type == "cuda")
+
+
+def refuse_flat_shards(optimizer_class, where):
+    """FSDP1 hands the optimizer each weight's shard as a flat 1-D view: an optimizer that factors 2-D weights
+    (CAME8Bit: its FSDP1_REFUSAL) would silently keep unfactored fp32 state there."""
+    refusal = getattr(optimizer_class, "FSDP1_REFUSAL", None)
+    if refusal:
+        raise ConfigError(f"{where}{optimizer_class.__name__}: {refusal}")

@@ -6,27 +6,12 @@ the accumulation boundary and tells the strategy whether this micro-step must sy
 guard decides whether a step is skipped, the strategy knows how to skip it in its engine."""
 import abc
 import contextlib
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from .precision import Precision
-
-
-OVERFLOW = "fp16 gradients"  # the name a step skipped by the fp16 loss scaler is counted under
-
-
-@dataclass
-class StepResult:
-    grad_norm: object = None     # the pre-clip gradient norm (a device tensor), or None when not computed
-    nonfinite_names: tuple = ()  # read on the host: what was non-finite on some rank ("loss", "grad_norm")
-    skipped: bool = False        # read on the host: the update was not applied (the guard's skip, or the engine's)
-    # The skip decided on the device (an optimizer that honours `found_inf`): nothing was read on the host.
-    found_inf: object = None     # 0-dim float32 device tensor, 1.0 when this step was skipped on every rank
-    flags: object = None         # the all-reduced per-name flags (a device tensor), for the host to settle later
-    names: tuple = ()            # the names of `flags`
-    loss_scale: object = None    # fp16: the loss scale after a step its scaler skipped (a float, read on the host)
+from .step import OVERFLOW, StepResult, Verdict  # noqa: F401  (the protocol's types)
 
 
 class Strategy(abc.ABC):
@@ -46,7 +31,14 @@ class Strategy(abc.ABC):
         """Why this engine cannot run these ParallelDims (None: it can); asked by `giga-train check`."""
         return None
 
-    def __init__(self, env, launch, train, micro_batch_size=1):
+    @classmethod
+    def check_config(cls, config):
+        """Refuse, in one line (a ConfigError), what this engine would refuse at set-up, from the validated
+        config alone: the schema calls it before any rank starts, so `giga-train check` says it. Returns what
+        the engine derived from the config (given back to its constructor as `settings`), or None."""
+        return None
+
+    def __init__(self, env, launch, train, micro_batch_size=1, settings=None):
         self.env, self.launch, self.train = env, launch, train
         self.micro_batch_size = micro_batch_size
         self.device = env.device

@@ -17,8 +17,9 @@ import uuid
 
 from ..config import load_config
 from ..errors import CheckpointError, ConfigError, RankFailed, TrainingStopped
-from .runners import run_runners, validated_runners
+from .runners import run_runners
 from ..schema.launch import world_size_of
+from ..schema.validate import validate_config
 from ..distributed.env import TIMEOUT_VARIABLE, collective_timeout
 from ..distributed.preemption import ForwardSIGUSR1, write_pid
 
@@ -41,7 +42,7 @@ def launch_from_config(config, runners=None, gpu_memory=None, seconds=10, overri
     cfg = load_config(config, overrides)
     if runners is not None:
         cfg.runners = runners.split(",") if isinstance(runners, str) else list(runners)
-    validated_runners(cfg)
+    cfg = validate_config(cfg)  # the one validation of the launch: the ranks get this config as it is
     if gpu_memory is not None:
         wait_for_gpu_memory(cfg.launch.gpu_ids, gpu_memory, seconds)
     world_size = world_size_of(cfg.launch)

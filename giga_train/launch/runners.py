@@ -1,32 +1,32 @@
-"""The runners a config names (`runners`): validated with the config, then run in order in each rank, as
-GigaTrain's run_tasks does: load, print the config, and for a Trainer save config.json, resume when asked
-(or after an elastic restart), train; for a Tester, test."""
+"""The runners a config names (`runners`), run in order in each rank, as GigaTrain's run_tasks does: load,
+print the config, and for a Trainer save config.json, resume when asked (or after an elastic restart),
+train; for a Tester, test. The config arrives validated (schema.validate_config, once, in the launcher)."""
 import contextlib
 import os
 
-from ..errors import ConfigError
+from ..registry import import_object
 from ..schema.validate import validate_config
-from ..trainers import Runner, Trainer
+from ..trainers import Trainer
 
 
 def validated_runners(cfg):
-    """Validate `cfg` (filling its defaults) and return its runner classes; one line for anything wrong."""
-    classes = validate_config(cfg)
-    for i, (path, cls) in enumerate(zip(cfg.runners, classes)):
-        if not (isinstance(cls, type) and issubclass(cls, Runner)):
-            raise ConfigError(f"runners[{i}]: '{path}' is not a subclass of giga_train.Trainer or giga_train.Tester")
-        if cls.SECTION not in cfg and cls.SECTION != "train":
-            raise ConfigError(f"runners[{i}]: '{path}' runs the '{cls.SECTION}' section, which the config lacks")
-    return classes
+    """Validate `cfg` (filling its defaults in place) and return its runner classes; one line for anything
+    wrong. What `giga-train check` runs."""
+    return runner_classes(validate_config(cfg))
+
+
+def runner_classes(cfg):
+    """The runner classes a validated config names (imported by validation already: no check here)."""
+    return [import_object(path) for path in cfg.runners]
 
 
 def run_runners(cfg):
-    """Build and run each runner in turn (this process is one rank); returns the last Trainer (the last
-    runner when none trains)."""
+    """Build and run each runner of the validated config `cfg` in turn (this process is one rank); returns
+    the last Trainer (the last runner when none trains)."""
     from ..distributed.env import fill_slurm_rendezvous
     fill_slurm_rendezvous(cfg.launch)
     runner = trainer = None
-    for cls in validated_runners(cfg):
+    for cls in runner_classes(cfg):
         runner = cls.load(cfg)
         try:
             _run(runner)

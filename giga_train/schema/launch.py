@@ -4,6 +4,7 @@ import numbers
 
 from ..config import Config
 from ..errors import ConfigError
+from ..distributed.env import world_size_of
 from .. import engine  # noqa: F401  (registers the strategies)
 from ..registry import STRATEGIES, did_you_mean
 from ..compat.accelerate import dynamo_from_launch, normalise_deepspeed, normalise_fsdp
@@ -49,12 +50,6 @@ CLUSTER_REFUSED = ("downcast_bf16", "tpu_name", "tpu_zone", "tpu_use_cluster", "
 # GigaTrain hands these to ClusterConfig itself: in `launch` they are a TypeError there, an answer here.
 LAUNCH_ELSEWHERE = dict(mixed_precision="set train.mixed_precision", use_cpu="leave out gpu_ids to run on CPU",
                         debug="no debug mode", compute_environment="only the local machine environment exists")
-
-
-def world_size_of(launch):
-    """Ranks in the whole job: one per GPU id (or num_processes on CPU) on each machine."""
-    per_machine = len(launch.gpu_ids) if launch.gpu_ids else launch.num_processes
-    return per_machine * (launch.num_machines or 1)
 
 
 def _pop_cluster_keys(launch):

@@ -3,8 +3,11 @@
 The whole config is checked here, section by section: launch.py (launch), train.py (train, test), loader.py
 (dataloaders), compat/accelerate.py (Accelerate's forms), classes.py (the classes a section names), on keys.py's
 Key."""
+import copy
+
 from .values import refuse_nan
 from ..config import Config
+from ..engine import strategy_class
 from ..errors import ConfigError
 from ..registry import OPTIMIZERS, did_you_mean, import_object
 from ..schedulers import SCHEDULERS
@@ -36,11 +39,31 @@ SECTIONS = dict(
 )
 
 
-def validate_config(cfg):
-    """Fill defaults, normalise GigaTrain's forms and check every section before any work starts. Returns the
-    imported runner objects (that each is a runner class is checked a layer up, in launch/runners.py)."""
+class ValidConfig(Config):
+    """A config validate_config filled and checked: what runners are built from, validated nowhere again.
+    `engine_settings` (an attribute, not a key): what the engine's check_config derived from it."""
+    engine_settings = None
+
+    def __deepcopy__(self, memo):
+        copied = ValidConfig({k: copy.deepcopy(v, memo) for k, v in self.items()})
+        object.__setattr__(copied, "engine_settings", copy.deepcopy(self.engine_settings, memo))
+        return copied
+
+
+def validated(cfg, runners=None):
+    """`cfg` itself when validate_config made it, else validate_config(cfg, runners)."""
+    return cfg if isinstance(cfg, ValidConfig) else validate_config(cfg, runners)
+
+
+def validate_config(cfg, runners=None):
+    """Fill defaults, normalise GigaTrain's forms and check every section before any work starts, the
+    engine's own rules (its check_config) and each runner class's (its check_config) included. `cfg` is
+    filled in place; returns it as a ValidConfig. `runners`: the runner classes themselves (a Trainer built
+    directly in Python), for a config without a `runners` key."""
     if not isinstance(cfg, dict):
         raise ConfigError(f"config: expected a dict, got {type(cfg).__name__}")
+    if runners is not None and not cfg.get("runners"):
+        cfg["runners"] = [f"{c.__module__}.{c.__qualname__}" for c in runners]  # what config.json records
     for name, spec in SECTIONS.items():  # a section given as anything but a dict: one line, not a traceback
         if isinstance(spec, dict) and cfg.get(name) is not None and not isinstance(cfg[name], dict):
             raise ConfigError(f"{name}: expected a dict (the {name} section), got {type(cfg[name]).__name__}"
@@ -51,14 +74,15 @@ def validate_config(cfg):
     given_train = set(cfg.get("train") or ())
     _fill("", cfg, SECTIONS, open_sections=OPEN_SECTIONS.values())
     refuse_nan(cfg)  # max_grad_norm=nan passes every finiteness guard and writes NaN weights
-    runners = [cfg.runners] if isinstance(cfg.runners, str) else list(cfg.runners)
+    paths = [cfg.runners] if isinstance(cfg.runners, str) else list(cfg.runners)
     if isinstance(cfg.runners, str) and "," in cfg.runners:
-        runners = [r.strip() for r in cfg.runners.split(",") if r.strip()]  # GigaTrain's --runners a,b form
-    if not runners:
+        paths = [r.strip() for r in cfg.runners.split(",") if r.strip()]  # GigaTrain's --runners a,b form
+    if not paths:
         raise ConfigError("runners: needs at least one dotted path to a Trainer subclass")
-    cfg.runners = runners
+    cfg.runners = paths
     # Imported first: their modules may register the datasets, transforms... that the checks below look up.
-    classes = [_import_runner(f"runners[{i}]", path) for i, path in enumerate(runners)]
+    classes = list(runners) if runners is not None else [_import_runner(f"runners[{i}]", path)
+                                                         for i, path in enumerate(cfg.runners)]
     _check_train(cfg.train, cfg.project_dir, given_train)
     _check_launch(cfg.launch, cfg.train)
     check_parallelism(cfg.launch, cfg.models, world_size_of(cfg.launch))
@@ -85,10 +109,6 @@ def validate_config(cfg):
     train_data = cfg.dataloaders.train.data_or_config
     if not own_loaders and is_streaming(train_data):
         check_streaming("dataloaders.train", cfg.dataloaders.train, cfg.train)
-    if cfg.launch.distributed_type == "DEEPSPEED":
-        from ..engine.deepspeed_config import resolve_deepspeed_config
-        resolve_deepspeed_config(cfg.launch.deepspeed_config, cfg.train, cfg.dataloaders.train.batch_size_per_gpu,
-                                 world_size_of(cfg.launch))
     for where, registry, supplied in (("optimizers", OPTIMIZERS, ("params",)),
                                       ("schedulers", SCHEDULERS, ("optimizer",))):
         entries = cfg[where]
@@ -99,23 +119,18 @@ def validate_config(cfg):
                 if not isinstance(entry, dict):
                     raise ConfigError(f"{where}[{i}]: expected a dict with 'type', got {type(entry).__name__}")
                 _check_built(f"{where}[{i}]", registry, entry, supplied=supplied)
-    _check_optimizer_layout(cfg)
     check_constructors(cfg)  # what the optimizers' and schedulers' own constructors refuse
-    return classes
-
-
-def _check_optimizer_layout(cfg):
-    """FSDP1 hands the optimizer each weight's shard as a flat 1-D view: an optimizer that factors 2-D
-    weights (CAME8Bit) would silently keep unfactored fp32 state there, so refuse it up front."""
-    if cfg.launch.distributed_type != "FSDP" or cfg.launch.fsdp_config.fsdp_version != 1:
-        return
-    entries = [cfg.optimizers] if isinstance(cfg.optimizers, dict) else list(cfg.optimizers)
-    for i, entry in enumerate(entries):
-        cls, _ = OPTIMIZERS.resolve(entry)
-        refusal = getattr(cls, "FSDP1_REFUSAL", None)
-        if refusal:
-            where = "optimizers" if isinstance(cfg.optimizers, dict) else f"optimizers[{i}]"
-            raise ConfigError(f"{where}.type={cls.__name__}: {refusal}")
+    valid = cfg if isinstance(cfg, ValidConfig) else ValidConfig(cfg)  # the same sections, filled above
+    settings = strategy_class(valid.launch).check_config(valid)  # what the engine refuses at set-up
+    object.__setattr__(valid, "engine_settings", settings)
+    for i, (path, cls) in enumerate(zip(cfg.runners, classes)):
+        if not (isinstance(cls, type) and callable(getattr(cls, "check_config", None))
+                and hasattr(cls, "SECTION")):
+            raise ConfigError(f"runners[{i}]: '{path}' is not a subclass of giga_train.Trainer or giga_train.Tester")
+        if cls.SECTION not in cfg and cls.SECTION != "train":
+            raise ConfigError(f"runners[{i}]: '{path}' runs the '{cls.SECTION}' section, which the config lacks")
+        cls.check_config(valid)  # the runner's own rules (a project's subclass may add some)
+    return valid
 
 
 def _overrides(cls, method):

@@ -15,25 +15,14 @@ MIN_LOSS_SCALE (an overflow at scale 1: the gradients overflow unscaled) or afte
 skips in a row: nothing trains any more."""
 import collections
 import logging
-from dataclasses import dataclass
 
 import torch
 
-from ..engine.protocol import OVERFLOW
+from ..engine.step import OVERFLOW, Verdict
 from ..errors import TrainingStopped
 
 log = logging.getLogger("giga_train")
 MIN_LOSS_SCALE = 1.0  # DeepSpeed's default min_loss_scale: an overflow below it stops the run
-
-
-@dataclass
-class Verdict:
-    """One step's decision: skip on the device where `found_inf` (a device tensor) is 1.0, or, read on
-    the host, skip when `nonfinite_names` is not empty."""
-    names: tuple
-    flags: object  # float32 device tensor, 1.0 where that value was non-finite on some rank
-    found_inf: object = None
-    nonfinite_names: tuple = ()
 
 
 def decide(strategy, loss, grad_norm):
@@ -83,10 +72,15 @@ class StepFlags:
 
 
 class NanGuard:
-    def __init__(self, policy, max_in_a_row, is_main, newest_checkpoint=lambda: None, max_overflow=float("inf")):
+    """`rewind`: the SchedulerRewind of the steps whose skip is decided on the device (None: no scheduler);
+    `max_overflow`: fp16 scaler skips in a row before the run stops."""
+
+    def __init__(self, policy, max_in_a_row, is_main, newest_checkpoint=lambda: None, rewind=None,
+                 max_overflow=float("inf")):
         self.policy, self.max_in_a_row, self.is_main = policy, max_in_a_row, is_main
         self.newest_checkpoint = newest_checkpoint  # called only for a stop's message
-        self.max_overflow = max_overflow  # fp16 scaler skips in a row before the run stops
+        self.rewind = rewind
+        self.max_overflow = max_overflow
         self.in_a_row = 0  # consecutive skipped steps
         self.overflow_in_a_row = 0  # consecutive steps the fp16 loss scaler skipped
         self.window = 0    # skipped since the last log line (the `nan_skipped` scalar)
@@ -103,16 +97,22 @@ class NanGuard:
             return None
         return lambda grad_norm: decide(strategy, loss, grad_norm)
 
+    def before_scheduler_step(self, step, result):
+        """Call before the scheduler steps for `step` (its StepResult `result`): a skip decided on the
+        device is known later, when the scheduler step may have to be taken back."""
+        if result.found_inf is not None and self.rewind is not None:
+            self.rewind.remember(step)
+
     def record(self, step, result):
         if self.enabled or OVERFLOW in result.nonfinite_names:  # the scaler's skips count with the guard off too
             self.pending.append(StepFlags(step, result))
 
-    def settle(self, now, wait=False, on_settled=None):
-        """Settle the pending steps in order: those whose flags have reached the host, or all (`wait`).
-        `on_settled(flags)` runs for each (the trainer rewinds the scheduler for a step skipped on the
-        device). A stop found without `wait` is kept in `stopping` and raised by the next settle with
-        `wait`: ranks settle at different moments, so the trainer first agrees with the others on a
-        stop (and every rank then finds the same one); with `wait` every rank is at the same point."""
+    def settle(self, now, wait=False):
+        """Settle the pending steps in order: those whose flags have reached the host, or all (`wait`);
+        a step skipped on the device takes its scheduler step back (SchedulerRewind). A stop found without
+        `wait` is kept in `stopping` and raised by the next settle with `wait`: ranks settle at different
+        moments, so the trainer first agrees with the others on a stop (and every rank then finds the same
+        one); with `wait` every rank is at the same point."""
         if self.stopping is not None:
             if wait:
                 raise self.stopping
@@ -120,8 +120,8 @@ class NanGuard:
         while self.pending and (wait or self.pending[0].ready()):
             flags = self.pending.popleft()
             bad = flags.read()
-            if on_settled is not None:
-                on_settled(flags)
+            if self.rewind is not None:
+                self.rewind.settled(flags)
             if not bad:
                 self.in_a_row = self.overflow_in_a_row = 0
                 continue

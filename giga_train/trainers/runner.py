@@ -1,8 +1,7 @@
 """What Trainer and Tester share (GigaTrain's runner surface): built by `load(config)` from the config
-section named by `SECTION`, given as keyword arguments; where the job runs; the properties a project reads;
-the logger."""
+section named by `SECTION`, given as keyword arguments, with the whole validated config as `config=`; or
+directly, `MyTrainer(config=a_dict)`; where the job runs; the properties a project reads; the logger."""
 import contextlib
-import contextvars
 import logging
 import os
 
@@ -10,26 +9,14 @@ import torch
 
 from ..checkpoint import list_checkpoints
 from ..config import Config, load_config
-from ..distributed.env import setup_environment
+from ..distributed.env import init_process_group, read_environment
 from ..errors import ConfigError
 from ..engine.precision import AUTOCAST_DTYPES
-from ..schema.validate import validate_config
+from ..schema.validate import ValidConfig, validated
 from ..schema.train import resolve_logging_dir
 from ..tracking import text_logger
 
 log = logging.getLogger("giga_train")
-_LOADING = contextvars.ContextVar("giga_train_loading", default=None)  # the whole config, during load()
-
-
-@contextlib.contextmanager
-def loading(config):
-    """While a runner is constructed by load(): its __init__ reads the rest of the config from here (the
-    constructor takes only its own section, as GigaTrain's does)."""
-    token = _LOADING.set(config)
-    try:
-        yield
-    finally:
-        _LOADING.reset(token)
 
 
 class Runner:
@@ -40,35 +27,64 @@ class Runner:
     def load(cls, config_or_path):
         """Build the runner from a config (a dict, a file, a module path, or a project folder holding the
         config.json a run saved) and prepare it, as GigaTrain's load does."""
-        config = load_config(config_or_path)
-        validate_config(config)
-        with loading(config):
-            runner = cls(project_dir=config.project_dir, **config.get(cls.SECTION, {}))
+        config = validated(load_config(config_or_path))
+        runner = cls(project_dir=config.project_dir, config=config, **config.get(cls.SECTION, {}))
         try:
             runner.prepare(**runner.prepare_arguments(config))
         except BaseException:
             with contextlib.suppress(Exception):  # the error being raised is the one to report
                 runner.abandon()
             raise
+        runner.prepared = True
         return runner
+
+    @classmethod
+    def check_config(cls, config):
+        """The runner's own rules for a validated config, asked by the schema before any rank starts (so
+        `giga-train check` says them); raise a ConfigError. A project's subclass may add some."""
 
     def abandon(self):
         """After an error: release what the runner opened (a process group, the engine's environment), so
         that this process can run another job."""
 
-    def __init__(self, project_dir, **options):
-        config = _LOADING.get()
+    def __init__(self, project_dir=None, *, config=None, **options):
+        """`config`: the whole config (a dict, or what load() validated); `options`: this runner's section
+        (load passes it; built directly, the config's section, updated by any given). Opens no process group
+        and no engine: prepare() does."""
         if config is None:
-            raise ConfigError(f"{type(self).__name__}(...): build runners with {type(self).__name__}.load(config)"
-                              " (the config names the launch, data and models as well)")
+            raise ConfigError(f"{type(self).__name__}(...): give config= (the whole config: launch, data, models)"
+                              f" or build it with {type(self).__name__}.load(config)")
+        if not isinstance(config, ValidConfig):  # not validated yet: built directly, from this config
+            config = load_config(config)
+            config.setdefault(self.SECTION, {}).update(options)
+            config = validated(config, runners=[type(self)])
+            options = config[self.SECTION]
         self.config = config
         self.options = Config(options)  # this runner's section as given (defaults filled by the schema)
         self.kwargs = self.extra_options(options)
-        self.env = setup_environment(config.launch)
-        self._project_dir = os.path.normpath(project_dir)
+        self.env = read_environment(config.launch)
+        self._project_dir = os.path.normpath(project_dir or config.project_dir)
         self._logging_dir = resolve_logging_dir(self._project_dir, options.get("logging_dir"))
-        self.logger = text_logger(self._logging_dir, self.env.is_main, self.LOG_NAME)
+        self._logger = None  # opened by start_job (or at the first use)
         self._dataloaders, self._models = [], []
+        self.prepared = False  # set by prepare (and load)
+
+    def start_job(self):
+        """Open the log and join the job's process group when it has several ranks: prepare calls it first."""
+        self.logger  # noqa: B018  (opens it)
+        if self.env.distributed:
+            init_process_group(self.env, self.config.launch)
+
+    @property
+    def logger(self):
+        """The `giga_train` logger: the console and logging_dir/LOG_NAME on the main rank, silent elsewhere."""
+        if self._logger is None:
+            self._logger = text_logger(self._logging_dir, self.env.is_main, self.LOG_NAME)
+        return self._logger
+
+    @logger.setter
+    def logger(self, logger):
+        self._logger = logger
 
     def prepare_arguments(self, config):
         raise NotImplementedError

@@ -78,10 +78,10 @@ class Tester(Runner):
     """Runs the `test` part of a config. Override `get_models` and `test`."""
     SECTION, OWN_KEYWORDS, LOG_NAME = "test", TESTER_KEYWORDS, "test.log"
 
-    def __init__(self, project_dir, **test):
-        super().__init__(project_dir, **test)
-        torch.manual_seed(self.options.get("seed", 6666))
-        self.log_interval = self.options.get("log_interval", 100)
+    def __init__(self, project_dir=None, *, config=None, **test):
+        super().__init__(project_dir, config=config, **test)
+        torch.manual_seed(self.options.seed)  # the section's defaults are the schema's (TEST)
+        self.log_interval = self.options.log_interval
         self._cur_step = 0
 
     def extra_options(self, options) -> dict:
@@ -92,10 +92,12 @@ class Tester(Runner):
         return dict(dataloaders=config.dataloaders.test, models=models.test if "test" in models else models)
 
     def prepare(self, dataloaders, models) -> None:
+        self.start_job()
         self._dataloaders = [OnDevice(d, self.device) if isinstance(d, torch.utils.data.DataLoader) else d
                              for d in as_list(self.get_dataloaders(dataloaders))]
         self._models = [m.to(self.device) if isinstance(m, torch.nn.Module) else m
                         for m in as_list(self.get_models(models))]
+        self.prepared = True
 
     def get_dataloaders(self, data_config) -> torch.utils.data.DataLoader:
         """A DataLoader over this rank's part of the dataset, in order (no shuffling, no padding)."""

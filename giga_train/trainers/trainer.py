@@ -1,86 +1,70 @@
 """The Trainer: GigaTrain's surface (its constructor, properties and hooks, called at the same points) over
-our engine. Subclass it, write get_models and forward_step; the config does the rest.
+our engine. Subclass it, write get_models and forward_step; the config does the rest. Built by load(config),
+or directly (`MyTrainer(config=a_dict)`, then train()); building opens nothing, prepare makes the engine.
 
-    load(config)   -> Trainer(project_dir, **config.train); prepare(dataloaders.train, models, optimizers,
-                      schedulers): get_dataloaders, get_models, apply_activation_checkpointing, apply_fp8,
-                      (compile, shard: the strategy) get_optimizers, set_ema_models, get_schedulers
+    load(config)   -> Trainer(project_dir, config=config, **config.train); prepare(dataloaders.train, models,
+                      optimizers, schedulers): get_dataloaders, get_models, apply_activation_checkpointing,
+                      apply_fp8, (compile, shard: the strategy) get_optimizers, set_ema_models, get_schedulers
     train()        -> print_before_train; per step: per micro-batch forward_step, parse_losses,
                       backward_step (the last one steps the optimizers); validate_if_due (validate():
                       validation_step per batch of dataloaders.val); print_step; save_checkpoint_step;
                       then print_after_train
+
+Its parts: the engine (`strategy`), the Checkpointer and the checkpointing part (checkpointing.py), the
+loss book (losses.py), the NaN guard with its scheduler rewind (nan_guard.py), the validator, the metrics.
 """
 import contextlib
 import logging
 import math
-import os
-import random
 import time
 
-import numpy as np
 import torch
 
 from ..checkpoint.checkpointer import Checkpointer
+from ..compat.utils import as_list
 from ..data import as_stream, build_stream
+from ..distributed.preemption import PreemptionSignals
+from ..engine import strategy_class
 from ..engine.activation_checkpointing import apply_activation_checkpointing
+from ..engine.fp8 import convert_to_float8
 from ..engine.meta_start import building_context, default_init_weights, rank0_loading
 from ..engine.parallelize import parallelize
-from ..distributed.preemption import PreemptionSignals
-from .ema import EMA
 from ..errors import ConfigError
-from ..engine.fp8 import convert_to_float8
-from ..optimizers import build_optimizer
 from ..optimizers.group import OptimizerGroup
-from .. import engine  # noqa: F401  (registers the strategies)
-from ..registry import STRATEGIES
-from ..schedulers import SCHEDULERS
 from ..schema.train import train_kwargs
-from ..tracking import MetricLogger, PerfMeter, StepProfiler, hparams
 from ..tracking.metrics import MetricSums
 from .best_checkpoint import BestCheckpoint
-from .checkpointing import CheckpointHooks
+from .building import TRAINER_KEYWORDS, build_optimizers, build_schedulers, seed_everything, the_one_model
+from .checkpointing import TrainerCheckpoints, load_model_folders, write_config
+from .ema import EMA
 from .epochs import EpochClock, max_steps_by_epochs
+from .losses import LossBook
 from .nan_guard import NanGuard, SchedulerRewind
-from ..compat.utils import as_list
+from .run_log import RunLog
 from .runner import Runner
 from .validation import Validator
 
 log = logging.getLogger("giga_train")
 
-# GigaTrain's named Trainer arguments; every other key of the `train` section is in self.kwargs.
-TRAINER_KEYWORDS = (
-    "max_epochs", "max_steps", "gradient_accumulation_steps", "mixed_precision", "dynamo_config", "ddp_config",
-    "fp8_config", "data_parallel_size", "log_with", "log_interval", "log_cpu_memory", "checkpoint_interval",
-    "checkpoint_total_limit", "checkpoint_keeps", "checkpoint_save_optimizer", "checkpoint_safe_serialization",
-    "checkpoint_strict", "activation_checkpointing", "activation_class_names", "with_ema", "allow_tf32", "seed",
-    "logging_dir")
-
-
-def seed_everything(seed):
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-class Trainer(CheckpointHooks, Runner):
+class Trainer(Runner):
     """Runs the `train` part of a config. Override `get_models` and `forward_step`; any hook below."""
     SECTION, OWN_KEYWORDS, LOG_NAME = "train", TRAINER_KEYWORDS, "train.log"
 
-    def __init__(self, project_dir, **train):
-        super().__init__(project_dir, **train)
+    def __init__(self, project_dir=None, *, config=None, **train):
+        super().__init__(project_dir, config=config, **train)
         self.train_config = self.options
-        self.strategy = STRATEGIES.get(self.config.launch.distributed_type)(
-            self.env, self.config.launch, self.train_config,
-            micro_batch_size=self.config.dataloaders.train.batch_size_per_gpu)
+        self.strategy = None  # the engine: made by prepare (it opens the process group)
         if self.train_config.get("allow_tf32", True) and torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         self.step = 0  # optimizer steps completed (cur_step is GigaTrain's, 1-based inside a step)
         self.epoch_clock = EpochClock()  # epochs by the samples seen (a resume may change the batch)
-        self._stepping = False
+        self._stepping, self._micro_step = False, 0  # inside a step; the micro-batch of it being computed
         self._optimizers, self._schedulers, self.ema = [], [], None
         self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
         self._logged_metrics = self._metric_sink = MetricSums(self.device)  # log_metric's, until the next log
         self.validator = self.best_checkpoint = None
         self._val_results = None  # the validation of this step, logged with its scalars
+        self.losses_book = LossBook(self.gradient_accumulation_steps)
         seed_everything(self.train_config.seed)  # every rank builds the same initial weights
 
     def extra_options(self, options):
@@ -99,14 +83,14 @@ class Trainer(CheckpointHooks, Runner):
 
     # -- building (GigaTrain's prepare and its hooks) -------------------------------------------
     def prepare(self, dataloaders, models, optimizers, schedulers):
-        train = self.train_config
+        train, launch = self.train_config, self.config.launch
+        self.start_job()
+        self.strategy = strategy_class(launch)(self.env, launch, train, settings=self.config.engine_settings,
+                                               micro_batch_size=self.config.dataloaders.train.batch_size_per_gpu)
         self._dataloaders = as_list(self.get_dataloaders(dataloaders))
         self._stream = as_stream(self.dataloader, self.device)  # what the loop reads; checkpoints its position
-        with building_context(self.config.launch, self.process_index):  # meta off rank 0 under rank-0 loading
-            self._models = as_list(self.get_models(models))
-        if len(self._models) != 1:
-            raise ConfigError(f"get_models returned {len(self._models)} models: giga-train trains one module;"
-                              " put several in a giga_train.ModuleDict (GigaTrain's checkpoints also hold one)")
+        with building_context(launch, self.process_index):  # meta off rank 0 under rank-0 loading
+            self._models = [the_one_model(self.get_models(models))]
 
         def make_optimizers(module):  # called by the engine with the module whose parameters it steps
             self._models = [module]
@@ -114,24 +98,25 @@ class Trainer(CheckpointHooks, Runner):
             return self._optimizers[0] if len(self._optimizers) == 1 else OptimizerGroup(self._optimizers)
 
         self._models[0], _ = parallelize(  # the engine's optimizer (one, or an OptimizerGroup) is the strategy's
-            self._models[0], self.strategy, train, self.config.launch.fsdp_config, make_optimizers,
+            self._models[0], self.strategy, train, launch.fsdp_config, make_optimizers,
             checkpoint=lambda model: self.apply_activation_checkpointing([model]),
             float8=lambda model: self.apply_fp8([model]),
             init_weights=None if type(self).init_weights is Trainer.init_weights else self.init_weights,
-            from_rank0=rank0_loading(self.config.launch))
+            from_rank0=rank0_loading(launch))
         self.set_ema_models()
         self._schedulers = as_list(self.get_schedulers(schedulers))
         self.checkpoints = Checkpointer(self.strategy, self.model_dir, train, self.ema,
                                         model_name=getattr(self, "model_name", "model"),  # GigaTrain's attribute
                                         rank_state=self._stream if getattr(self._stream, "per_rank_state", False)
                                         else None)
+        self.checkpointing = TrainerCheckpoints(self, self.checkpoints, self._stream)
         max_nan = train.max_nan_steps if train.max_nan_steps is not None else float("inf")  # None: never stop
         self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest_finite,
+                                  rewind=SchedulerRewind(self.schedulers, self.optimizers),
                                   max_overflow=train.max_overflow_steps or float("inf"))
-        self._scheduler_rewind = SchedulerRewind(self.schedulers, self.optimizers)
         val = self.config.dataloaders.get("val")
         if train.eval_interval and val is not None:
-            self.validator = Validator(val, self.env)
+            self.validator = Validator(val, self.env, self.data_rank_and_world)
         elif train.eval_interval:  # a GigaTrain fork's own key too: its trainer may validate by self.kwargs
             self.print("train.eval_interval without dataloaders.val: giga-train validates nothing")
         elif val is not None:
@@ -140,6 +125,7 @@ class Trainer(CheckpointHooks, Runner):
             self.best_checkpoint = BestCheckpoint(train.checkpoint_best, self.checkpoints.folders,
                                                   self.is_main_process)
         seed_everything(train.seed + self.strategy.data_rank)  # data ranks differ from here (dropout, noise)
+        self.prepared = True
 
     def get_dataloaders(self, data_config):
         """The training data: micro-batches on the device, resumable to the exact sample."""
@@ -183,30 +169,13 @@ class Trainer(CheckpointHooks, Runner):
 
     def get_optimizers(self, optimizers):
         """One optimizer over all models, or one per model (GigaTrain's rule), from config dicts."""
-        optimizers = as_list(optimizers)
-        if len(optimizers) not in (1, len(self.models)):
-            raise ConfigError(f"optimizers: {len(optimizers)} configs for {len(self.models)} models (give one, or"
-                              " one per model)")
-        built = []
-        for i, cfg in enumerate(optimizers):
-            if not isinstance(cfg, dict):
-                built.append(cfg)  # an optimizer object the config or an override already built
-                continue
-            models = self.models if len(optimizers) == 1 else [self.models[i]]
-            built.append(build_optimizer(cfg, [p for m in models for p in self.get_trainable_parameters(m)]))
-        return built
+        return build_optimizers(optimizers, self.models, self.get_trainable_parameters)
 
     def get_schedulers(self, schedulers):
         """One scheduler per optimizer, from config dicts (given epoch_size, max_epochs and max_steps when
         the scheduler takes them); one config serves every optimizer."""
-        schedulers = as_list(schedulers)
-        if len(schedulers) == 1 and len(self.optimizers) > 1:
-            schedulers = schedulers * len(self.optimizers)
-        if len(schedulers) != len(self.optimizers):
-            raise ConfigError(f"schedulers: {len(schedulers)} configs for {len(self.optimizers)} optimizers")
-        extras = dict(epoch_size=self.epoch_size, max_epochs=self.max_epochs, max_steps=self.max_steps)
-        return [SCHEDULERS.build(cfg, optimizer, **extras) if isinstance(cfg, dict) else cfg
-                for cfg, optimizer in zip(schedulers, self.optimizers)]
+        return build_schedulers(schedulers, self.optimizers, epoch_size=self.epoch_size, max_epochs=self.max_epochs,
+                                max_steps=self.max_steps)
 
     # -- GigaTrain's properties -----------------------------------------------------------------
     @property
@@ -236,7 +205,7 @@ class Trainer(CheckpointHooks, Runner):
     @property
     def sync_gradients(self):
         """True in the last micro-batch of a step: its backward syncs the gradients and steps."""
-        return self._micro == self.gradient_accumulation_steps - 1
+        return self._micro_step == self.gradient_accumulation_steps - 1
 
     @property
     def batch_size(self):
@@ -295,47 +264,37 @@ class Trainer(CheckpointHooks, Runner):
 
     # -- the loop -------------------------------------------------------------------------------
     def train(self):
+        if not self.prepared:  # built directly: prepare from the config's sections
+            self.prepare(**self.prepare_arguments(self.config))
         if self.step >= self.max_steps:
             log.info("already at step %d of %d: nothing to train", self.step, self.max_steps)
             return self._finish()
-        train = self.train_config
-        # FLOPs are counted in the run's first step, or its second when compiling (the first compiles)
-        self._perf = PerfMeter(train, self.device, self.num_processes, self.batch_size,
-                               count_at_step=self.step + (2 if train.dynamo_config else 1))
-        self._metrics = MetricLogger(self.logging_dir, train.log_with, self.is_main_process, self.step,
-                                     self.max_steps, self.batch_size, show_bar=train.progress_bar,
-                                     run_name=os.path.basename(self.project_dir), config=self.config.to_dict(),
-                                     hparams=hparams(self.config, batch_size=self.batch_size,
-                                                     world_size=self.num_processes), perf=self._perf)
-        self._profiler = train.profile and StepProfiler(train.profile, self.logging_dir, self.process_index,
-                                                        self.device, self.step)
+        self.run_log = RunLog(self)
         self.print_before_train()
         self.model.train()
-        self._sums, self._counted = {}, 0  # losses of the updated steps, summed on the device since the last log
+        self.losses_book = LossBook(self.gradient_accumulation_steps)  # the losses since the last log line
         self.preemption = PreemptionSignals()
         try:
             with self.preemption:
                 while self.step < self.max_steps:
-                    with self._perf.counting(self.step + 1):
+                    with self.run_log.counting(self.step + 1):
                         result = self.train_step()
                     self.step += 1
-                    if self._profiler:
-                        self._profiler.step()
+                    self.run_log.step_done(self.step)
                     self.nan_guard.record(self.step, result)
-                    self._settle_skips()  # the flags that have reached the host; never waits
-                    self._add_losses(self._step_losses, result)
-                    self._metrics.advance(self.step)
+                    self.nan_guard.settle(self.step)  # the flags that have reached the host; never waits
+                    self.losses_book.end_step(result)
                     self.validate_if_due()
                     self.print_step()
                     self.save_checkpoint_step()
                     # the same step on every rank; so is a stop that one rank's settle found first
                     preempted, stopping = self.preemption.agreed(self.env, self.nan_guard.stopping is not None)
                     if stopping:
-                        self._settle_skips(wait=True)  # raises TrainingStopped, the same on every rank
+                        self.nan_guard.settle(self.step, wait=True)  # raises TrainingStopped, the same everywhere
                     if preempted:
                         self.preempted = True
                         break
-                self._settle_skips(wait=True)  # also after a preemption: every rank is here
+                self.nan_guard.settle(self.step, wait=True)  # also after a preemption: every rank is here
                 self.wait_for_checkpoint()  # latest() must see the save in flight
                 if self.checkpoints.latest_step() != self.step:
                     self.save_checkpoint()
@@ -344,18 +303,17 @@ class Trainer(CheckpointHooks, Runner):
             self.wait_for_checkpoint(raise_errors=False)  # what was taken before the error still lands
             raise
         finally:
-            if self._profiler:
-                self._profiler.close()
-            self._metrics.close()
+            self.run_log.close()
         self.print_after_train()
         return self._finish()
 
     def train_step(self):
         """One optimizer step over `gradient_accumulation_steps` micro-batches, each through forward_step,
         parse_losses and backward_step. Returns the step's StepResult."""
-        self._stepping, self._step_losses = True, {}
+        self._stepping = True
+        self.losses_book.start_step()
         try:
-            for self._micro in range(self.gradient_accumulation_steps):
+            for self._micro_step in range(self.gradient_accumulation_steps):
                 batch = next(self._stream)
                 # The trainer owns the accumulation boundary: only the last micro-step syncs gradients.
                 with self.strategy.accumulating(not self.sync_gradients):
@@ -364,7 +322,7 @@ class Trainer(CheckpointHooks, Runner):
                     self.backward_step(self.parse_losses(losses))
         finally:
             self._stepping = False
-        return self._result
+        return self._last_result
 
     def forward_step(self, batch_dict):
         """Return a loss tensor (per-sample losses are averaged), or a dict of named losses."""
@@ -376,7 +334,37 @@ class Trainer(CheckpointHooks, Runner):
         averaged over every sample of every rank. Default: forward_step's losses."""
         return self.forward_step(batch_dict)
 
-    # -- metrics that are not trained ---------------------------------------------------------------
+    def parse_losses(self, losses):
+        """The loss to train from forward_step's output: each entry's mean, summed; each (and their sum,
+        `total_loss`) is logged, averaged over the log interval and the ranks, without a host read."""
+        return self.losses_book.parse(losses)
+
+    def backward_step(self, loss):
+        """Backward of one micro-batch; the last of a step clips, steps the optimizer (or skips the step
+        everywhere when the NaN guard says so), the scheduler and the EMA."""
+        accumulation = self.gradient_accumulation_steps
+        self.strategy.backward(loss / accumulation)
+        self._step_loss = loss.detach() / accumulation + (self._step_loss if self._micro_step else 0)
+        if self.sync_gradients:
+            self._last_result = self._optimizer_step(self._step_loss)
+
+    def _optimizer_step(self, step_loss):
+        """Returns the StepResult. A step the NaN guard skips leaves the optimizer, the scheduler and the
+        EMA untouched (where the skip is decided on the device, the scheduler is rewound when the step is
+        settled)."""
+        train, strategy = self.train_config, self.strategy
+        result = strategy.step(train.max_grad_norm, measure=(self.step + 1) % train.log_interval == 0,
+                               verdict=self.nan_guard.verdict(strategy, step_loss))
+        if result.skipped and result.nonfinite_names:  # read on the host: nothing else moves
+            return result
+        self.nan_guard.before_scheduler_step(self.step + 1, result)
+        for scheduler in self.schedulers:
+            scheduler.step()
+        if self.ema is not None:
+            self.ema.update(skip=result.found_inf)  # a no-op on the device for a skipped step
+        return result
+
+    # -- metrics that are not trained, validation ------------------------------------------------
     def log_metric(self, name, value):
         """Log a scalar that is not trained (a tensor, its mean, or a number) from anywhere in a step:
         summed on the device, averaged over the calls since the last log step and over the ranks there.
@@ -396,7 +384,6 @@ class Trainer(CheckpointHooks, Runner):
         finally:
             self._metric_sink = saved
 
-    # -- validation -----------------------------------------------------------------------------
     def validate(self):
         """validation_step over dataloaders.val (every rank its part, on the EMA weights with
         train.eval_ema); returns {'val/<name>': float}, the same on every rank. A collective: every rank
@@ -416,45 +403,6 @@ class Trainer(CheckpointHooks, Runner):
         if self.best_checkpoint is not None:
             self.best_checkpoint.update(self.step, self._val_results)
 
-    def parse_losses(self, losses):
-        """The loss to train from forward_step's output: each entry's mean, summed; each (and their sum,
-        `total_loss`) is logged, averaged over the log interval and the ranks, without a host read."""
-        named = losses if isinstance(losses, dict) else {}
-        if named and "total_loss" in named:
-            raise ConfigError("forward_step: a loss named 'total_loss' (the name of their sum): rename it")
-        means = {name: value.mean() for name, value in named.items()}
-        loss = sum(means.values()) if named else losses.mean()
-        scale = 1.0 / self.gradient_accumulation_steps
-        for name, value in {**means, "total_loss": loss}.items():
-            self._step_losses[name] = self._step_losses.get(name, 0) + value.detach().float() * scale
-        return loss
-
-    def backward_step(self, loss):
-        """Backward of one micro-batch; the last of a step clips, steps the optimizer (or skips the step
-        everywhere when the NaN guard says so), the scheduler and the EMA."""
-        accumulation = self.gradient_accumulation_steps
-        self.strategy.backward(loss / accumulation)
-        self._trained = loss.detach() / accumulation + (self._trained if self._micro else 0)
-        if self.sync_gradients:
-            self._result = self._optimizer_step(self._trained)
-
-    def _optimizer_step(self, trained):
-        """Returns the StepResult. A step the NaN guard skips leaves the optimizer, the scheduler and the
-        EMA untouched (where the skip is decided on the device, the scheduler is rewound when the step is
-        settled)."""
-        train, strategy = self.train_config, self.strategy
-        result = strategy.step(train.max_grad_norm, measure=(self.step + 1) % train.log_interval == 0,
-                               verdict=self.nan_guard.verdict(strategy, trained))
-        if result.skipped and result.nonfinite_names:  # read on the host: nothing else moves
-            return result
-        if result.found_inf is not None:  # the host learns later whether this step was skipped
-            self._scheduler_rewind.remember(self.step + 1)
-        for scheduler in self.schedulers:
-            scheduler.step()
-        if self.ema is not None:
-            self.ema.update(skip=result.found_inf)  # a no-op on the device for a skipped step
-        return result
-
     # -- logging (GigaTrain's print hooks) ------------------------------------------------------
     def print_before_train(self):
         self.print("%s: %d parameters (%d trained)", type(self.unwrapped_model).__name__,
@@ -473,72 +421,87 @@ class Trainer(CheckpointHooks, Runner):
         validated, self._val_results = self._val_results, None
         if self.step % self.train_config.log_interval and self.step != self.max_steps and validated is None:
             return
-        self._settle_skips(wait=True)
-        scalars = self._scalars(self._sums, self._counted, self._result.grad_norm)
-        for name, value in {**self._logged_metrics.average(cpu_group=self.env.cpu_group), **(validated or {})}.items():
-            if name in scalars:
-                raise ConfigError(f"log_metric: {name!r} is already logged (a loss, or one of lr, grad_norm):"
-                                  " give the metric another name")
-            scalars[name] = value
-        self.last_metrics = self._metrics.log_step(self.step, scalars)
-        self._sums, self._counted = {}, 0
+        self.nan_guard.settle(self.step, wait=True)
+        self.last_metrics = self.run_log.line(
+            self.step, self.losses_book.take_averages(self.strategy.reduce_mean, self._last_result.grad_norm),
+            self.scheduler.get_last_lr()[0], self.nan_guard.take_window() if self.nan_guard.enabled else None,
+            self._logged_metrics.average(cpu_group=self.env.cpu_group), validated or {})
 
     def print_after_train(self):
         self.print("total time: %.1f s", time.perf_counter() - getattr(self, "_start_time", time.perf_counter()))
 
-    def _add_losses(self, losses, result):
-        """Add a step's losses to the sums since the last log, leaving out a skipped step's (so one NaN
-        does not hide the others'): masked on the device by its flag when the skip was decided there."""
-        if result.found_inf is not None:
-            skipped = result.found_inf > 0
-            for name, value in losses.items():
-                self._sums[name] = self._sums.get(name, 0) + torch.where(skipped, 0.0, value)
-            self._counted = self._counted + (1.0 - result.found_inf)  # a device count
-        elif not result.nonfinite_names:
-            for name, value in losses.items():
-                self._sums[name] = self._sums.get(name, 0) + value
-            self._counted += 1
-
-    def _scalars(self, sums, counted, grad_norm):
-        """Host values for logging. `counted`: the steps in `sums` (skipped steps are left out, so one NaN
-        does not hide the loss of the others); a device tensor where the skips were decided on the device."""
-        names = sorted(sums)
-        on_device = torch.is_tensor(counted)
-        values = [sums[n] / (counted.clamp(min=1) if on_device else counted) for n in names]
-        values += ([counted.float()] if on_device else []) + ([grad_norm.float()] if grad_norm is not None else [])
-        values = self.strategy.reduce_mean(torch.stack(values)).tolist() if values else []
-        scalars = dict(zip(names, values))
-        if on_device and values[len(names)] == 0:  # every step since the last log was skipped
-            scalars = {}
-        if grad_norm is not None:
-            scalars["grad_norm"] = values[-1]
-        scalars["lr"] = self.scheduler.get_last_lr()[0]
-        if self.nan_guard.enabled:
-            scalars["nan_skipped"] = self.nan_guard.take_window()
-        return scalars
-
-    def _settle_skips(self, wait=False):
-        """Settle the NaN guard's pending steps (NanGuard.settle); never waits unless `wait`."""
-        self.nan_guard.settle(self.step, wait, self._scheduler_rewind.settled)
+    # -- checkpoints (GigaTrain's hooks; the checkpointing part does the work) ----------------------
+    def save_checkpoint_step(self):
+        """After every step: save when train.checkpoint_interval says (steps; epochs when training by
+        epochs), at the last step, or when this step's validation is the best so far (checkpoint_best)."""
+        if self.checkpointing.due(self.best_checkpoint):
+            self.save_checkpoint()
 
     def save_checkpoint(self):
-        super().save_checkpoint()
+        """Write a checkpoint of this step; the NaN guard settles first, so a stop comes before anything is written."""
+        self.nan_guard.settle(self.step, wait=True)
+        self.checkpointing.save()
         if self.best_checkpoint is not None:
             self.best_checkpoint.saved(self.step, self.cur_epoch)
 
+    def wait_for_checkpoint(self, raise_errors=True):
+        """Return once no checkpoint is being written in the background (train.checkpoint_async)."""
+        self.checkpoints.wait(raise_errors)
+
+    def resume(self, checkpoint=None):
+        """Continue from `checkpoint` (a checkpoint folder, or its name under model_dir; None: the newest
+        complete one), written by any strategy at any world size, or by the real GigaTrain 1.1."""
+        self.checkpointing.resume(None if checkpoint is None else self._checkpoint_path(checkpoint))
+
+    def resume_gigatrain(self, folder):
+        """Continue a run of the real GigaTrain 1.1 from its checkpoint `folder`."""
+        self.checkpointing.resume_gigatrain(folder)
+
+    def load_checkpoint(self, checkpoint, models, strict=True):
+        """Load model folders of `checkpoint` (get_checkpoint's forms) into `models`, each into the model
+        of the class its config.json names, as GigaTrain does between the stages of a project."""
+        if checkpoint is not None:
+            load_model_folders(self.get_checkpoint(checkpoint), models, strict, say=self.print)
+
+    def remove_checkpoint(self, total_limit=None):
+        """GigaTrain's clean-up of model_dir on the main process: the rolling limit (train.checkpoint_total_limit,
+        or `total_limit`) and, with checkpoint_save_optimizer=False, the optimizer state of all but the two
+        newest (Checkpointer.clean_up). Saves call it too."""
+        if self.is_main_process:
+            self.checkpoints.clean_up(total_limit)
+
+    def save_config(self, config):
+        """The run's config as project_dir/config.json (main process), which load_config(project_dir) reads."""
+        if self.is_main_process:
+            write_config(config, self.project_dir)
+
     def state_dict(self):
-        state = super().state_dict()
+        """The trainer's own state in a checkpoint (training_state.pt): schedulers, data position, step, and
+        the best checkpoint's record, the epoch clock's offset."""
+        state = {"schedulers": [s.state_dict() for s in self.schedulers], "data": self._stream.state_dict(),
+                 "step": self.step, "epoch_offset": self.epoch_clock.state_dict()}
         if self.best_checkpoint is not None:
             state["best"] = self.best_checkpoint.state_dict()
         return state
 
     def load_state_dict(self, state):
-        super().load_state_dict(state)
+        for scheduler, saved in zip(self.schedulers, state.get("schedulers") or [state["scheduler"]]):
+            scheduler.load_state_dict(saved)
+        self._stream.load_state_dict(state["data"])
+        self.step = int(state["step"])
+        self.epoch_clock.resumed(self, state["data"], state.get("epoch_offset"))
         if self.best_checkpoint is not None:
             self.best_checkpoint.load_state_dict(state.get("best"))
 
+    def checkpoint_meta(self):
+        """What meta.json records beside the files."""
+        return dict(step=self.step, epoch=self.epoch, samples_seen=getattr(self._stream, "samples_seen", None),
+                    world_size=self.num_processes, distributed_type=self.distributed_type,
+                    mixed_precision=self.mixed_precision, ema=self.ema is not None, config=self.config.to_dict())
+
     def abandon(self):
-        self.strategy.close()
+        if self.strategy is not None:
+            self.strategy.close()
 
     def _finish(self):
         self.wait_for_checkpoint()

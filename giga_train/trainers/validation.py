@@ -41,14 +41,17 @@ class Validator:
     """Runs `trainer.validation_step` over this rank's part of `dataloaders.val`; `run` returns
     {'val/<name>': float}, the same on every rank."""
 
-    def __init__(self, data_config, env):
+    def __init__(self, data_config, env, data_rank_and_world=None):
+        """`data_rank_and_world`: (this rank's data-parallel coordinate, the data-parallel ranks): the ranks of
+        one sequence-parallel group validate the same samples. None: the process's rank and world size."""
         self.env = env
         self.shard = None
+        rank, world = data_rank_and_world or (env.rank, env.world_size)
 
         def batches(size, batch_size):
             if size == 0:
                 raise ConfigError("dataloaders.val.data_or_config: the dataset is empty (0 samples)")
-            self.shard = EvenRankShard(size, batch_size, env.rank, env.world_size)
+            self.shard = EvenRankShard(size, batch_size, rank, world)
             return self.shard
         self.loader = ordered_loader(data_config, batches, "dataloaders.val")
 

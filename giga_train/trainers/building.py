@@ -1,0 +1,62 @@
+"""The Trainer's constructor keywords, and what its building hooks do by default (get_models' one module,
+get_optimizers, get_schedulers), as functions of what they are given, and the seeding of every rank."""
+import random
+
+import numpy as np
+import torch
+
+from ..compat.utils import as_list
+from ..errors import ConfigError
+from ..optimizers import build_optimizer
+from ..schedulers import SCHEDULERS
+
+# GigaTrain's named Trainer arguments; every other key of the `train` section is in self.kwargs.
+TRAINER_KEYWORDS = (
+    "max_epochs", "max_steps", "gradient_accumulation_steps", "mixed_precision", "dynamo_config", "ddp_config",
+    "fp8_config", "data_parallel_size", "log_with", "log_interval", "log_cpu_memory", "checkpoint_interval",
+    "checkpoint_total_limit", "checkpoint_keeps", "checkpoint_save_optimizer", "checkpoint_safe_serialization",
+    "checkpoint_strict", "activation_checkpointing", "activation_class_names", "with_ema", "allow_tf32", "seed",
+    "logging_dir")
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def the_one_model(models):
+    """What get_models returned, as the one module giga-train trains (a ConfigError for several)."""
+    models = as_list(models)
+    if len(models) != 1:
+        raise ConfigError(f"get_models returned {len(models)} models: giga-train trains one module;"
+                          " put several in a giga_train.ModuleDict (GigaTrain's checkpoints also hold one)")
+    return models[0]
+
+
+def build_optimizers(configs, models, trainable):
+    """One optimizer over all `models`, or one per model (GigaTrain's rule), from config dicts (an optimizer
+    object is kept as it is) over each model's `trainable(model)` parameters."""
+    configs = as_list(configs)
+    if len(configs) not in (1, len(models)):
+        raise ConfigError(f"optimizers: {len(configs)} configs for {len(models)} models (give one, or one per model)")
+    built = []
+    for i, cfg in enumerate(configs):
+        if not isinstance(cfg, dict):
+            built.append(cfg)  # an optimizer object the config or an override already built
+            continue
+        over = models if len(configs) == 1 else [models[i]]
+        built.append(build_optimizer(cfg, [p for m in over for p in trainable(m)]))
+    return built
+
+
+def build_schedulers(configs, optimizers, **extras):
+    """One scheduler per optimizer, from config dicts (given `extras`, epoch_size, max_epochs and max_steps,
+    when the scheduler takes them); one config serves every optimizer."""
+    configs = as_list(configs)
+    if len(configs) == 1 and len(optimizers) > 1:
+        configs = configs * len(optimizers)
+    if len(configs) != len(optimizers):
+        raise ConfigError(f"schedulers: {len(configs)} configs for {len(optimizers)} optimizers")
+    return [SCHEDULERS.build(cfg, optimizer, **extras) if isinstance(cfg, dict) else cfg
+            for cfg, optimizer in zip(configs, optimizers)]
