@@ -12,6 +12,7 @@ from ..errors import ConfigError
 from ..registry import SAMPLERS, TRANSFORMS
 from .device import to_device
 from ..compat.giga_datasets import load_dataset, open_dataset
+from .hf_datasets import as_streaming
 from .samplers import DefaultSampler, EpochPlan
 from .streaming import StreamingData, is_streaming
 
@@ -218,7 +219,7 @@ def build_stream(cfg, seed, rank, world_size, device, accumulation=1, data_paral
     """The training stream of a dataloader section: DataStream for a map-style dataset, StreamingData for an
     IterableDataset (streaming.py)."""
     if is_streaming(cfg.data_or_config):
-        return StreamingData(build_dataset(cfg.data_or_config), cfg, seed, rank, world_size, device)
+        return StreamingData(as_streaming(build_dataset(cfg.data_or_config)), cfg, seed, rank, world_size, device)
     return DataStream(cfg, seed, rank, world_size, device, accumulation=accumulation,
                       data_parallel_size=data_parallel_size)
 
