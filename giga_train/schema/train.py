@@ -124,10 +124,10 @@ def resolve_logging_dir(project_dir, logging_dir, environ=None):
     return os.path.expanduser(os.path.expandvars(logging_dir))
 
 
-def _check_train(train, project_dir, given=()):
+def _check_train(train, project_dir, given=(), tester_only=False):
     train.max_steps = train.max_steps or None  # 0: not set
     train.max_epochs = train.max_epochs or None
-    if train.max_steps is None and train.max_epochs is None:
+    if train.max_steps is None and train.max_epochs is None and not tester_only:
         raise ConfigError("train: set max_steps or max_epochs")
     if train.max_steps is not None and train.max_epochs is not None:
         raise ConfigError(f"train: set max_steps ({train.max_steps}) or max_epochs ({train.max_epochs}), not both")
