@@ -1,13 +1,17 @@
 """The usual first-hour mistakes answered in one line, and what a first project reaches for: a Tester-only
-config, runner classes given from Python, did-you-mean for constructor arguments and runner names."""
+config, runner classes given from Python, did-you-mean for constructor arguments and runner names, a missing
+model path at check, a batch larger than the data, no DCP noise at one process, wandb without a key."""
 import json
+import warnings
 
 import pytest
+import torch
 
-from giga_train import launch_from_config
+from giga_train import Trainer, launch_from_config
 from giga_train.cli import main
+from giga_train.errors import ConfigError
 from tests import gigatrain_client
-from tests.tiny import tiny_config
+from tests.tiny import MODEL, TinyTrainer, tiny_config
 
 
 def check(tmp_path, cfg, capsys):
@@ -48,3 +52,70 @@ def test_did_you_mean(tmp_path, capsys, edit, message):
     code, out = check(tmp_path, cfg, capsys)
     assert code == 2 and message in out.err, out.err
     assert len(out.err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("path, refused", [("/nowhere/Llama-3-8B", True), ("./weights/model.safetensors", True),
+                                           ("meta-llama/Llama-3.1-8B", False), ("gpt2", False), (None, False)])
+def test_a_missing_local_model_path_is_one_line_at_check(tmp_path, capsys, path, refused):
+    cfg = tiny_config(tmp_path / "run")
+    cfg["runners"] = ["tests.test_first_hour.PathTrainer"]
+    cfg["models"] = dict(MODEL, backbone=dict(pretrained_model_name_or_path=path))
+    code, out = check(tmp_path, cfg, capsys)
+    if refused:
+        assert code == 2 and out.err.strip() == (f"giga-train: error: models.backbone.pretrained_model_name_or_path:"
+                                                 f" no such file or folder '{path}' (a local path; a hub id is 'name'"
+                                                 " or 'namespace/name')")
+    else:  # a hub id (or nothing): the loader's business, not check's
+        assert code == 0, out.err
+
+
+class PathTrainer(TinyTrainer):
+    def get_models(self, model_config):
+        return super().get_models({k: v for k, v in model_config.items() if k != "backbone"})
+
+
+def test_a_batch_larger_than_the_data_is_said_once(tmp_path):
+    cfg = tiny_config(tmp_path, max_steps=1)
+    cfg["dataloaders"]["train"] = dict(data_or_config=dict(_class_name="CountingDataset", size=5),
+                                       batch_size_per_gpu=8)
+    cfg["runners"] = ["tests.test_first_hour.IndexTrainer"]
+    launch_from_config(cfg)
+    said = [line for line in (tmp_path / "logs" / "train.log").read_text().splitlines() if "larger than" in line]
+    assert len(said) == 1 and said[0].endswith("dataloaders.train.batch_size_per_gpu: a global batch of 8 samples (8 x 1 ranks x 1 accumulation)"
+                    " is larger than the dataset (5 samples): each step repeats samples")
+
+
+class IndexTrainer(Trainer):
+    def get_models(self, model_config):
+        return torch.nn.Linear(1, 1)
+
+    def forward_step(self, batch_dict):
+        return self.model(batch_dict["index"].float()[:, None]).pow(2).mean()
+
+
+def test_one_process_checkpoints_give_no_dcp_warning(tmp_path):
+    """DCP's "torch.distributed is disabled..." at every one-process save and load: not shown (it broke the
+    progress bar's line); other warnings are untouched."""
+    cfg = tiny_config(tmp_path, max_steps=2, checkpoint_interval=1, resume=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        launch_from_config(cfg)
+        cfg["train"]["max_steps"] = 3
+        launch_from_config(cfg)  # resumes: DCP loads the optimizer state
+        warnings.warn("another warning", UserWarning)
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if "torch.distributed is disabled" in m]
+    assert "another warning" in messages
+    assert (tmp_path / "models" / "checkpoint_epoch_1_step_3").is_dir()
+
+
+def test_wandb_online_without_a_key_is_one_line(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DISABLED"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc login
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / "wandb"))
+    cfg = tiny_config(tmp_path / "run", max_steps=1, log_with="wandb")
+    with pytest.raises(ConfigError, match=r"^train.log_with: 'wandb' online needs a W&B API key: set WANDB_API_KEY"
+                                          r" \(or run `wandb login`\), or WANDB_MODE=offline"):
+        launch_from_config(cfg)

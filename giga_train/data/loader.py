@@ -101,6 +101,10 @@ class DataStream:
             raise ConfigError(f"dataloaders.train.batch_size_per_gpu: a global batch of {global_batch} samples"
                               f" ({cfg.batch_size_per_gpu} x {world_size} ranks x {accumulation} accumulation) is"
                               f" over 100 times the dataset ({len(self.dataset)} samples)")
+        if global_batch > len(self.dataset):
+            log.warning("dataloaders.train.batch_size_per_gpu: a global batch of %d samples (%d x %d ranks x %d"
+                        " accumulation) is larger than the dataset (%d samples): each step repeats samples",
+                        global_batch, cfg.batch_size_per_gpu, world_size, accumulation, len(self.dataset))
         yields_batches = cfg.get("batch_sampler") is not None
         cls, kwargs = SAMPLERS.resolve(dict(cfg.batch_sampler if yields_batches else
                                             cfg.sampler or dict(type="DefaultSampler")))

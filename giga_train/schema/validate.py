@@ -13,6 +13,7 @@ from .classes import check_built as _check_built, check_streaming, is_streaming
 from .keys import REQUIRED, Key, _fill, edit_distance, near_miss
 from .launch import LAUNCH, _check_launch, _pop_cluster_keys, world_size_of
 from .loader import LOADER, _check_loader
+from .model_paths import check_model_paths
 from .train import (OPEN_SECTIONS, TEST, TRAIN, _check_test, _check_train, checkpoint_steps,
                            resolve_logging_dir, tester_kwargs, train_kwargs)
 
@@ -100,6 +101,7 @@ def validate_config(cfg):
                     raise ConfigError(f"{where}[{i}]: expected a dict with 'type', got {type(entry).__name__}")
                 _check_built(f"{where}[{i}]", registry, entry, supplied=supplied)
     _check_optimizer_layout(cfg)
+    check_model_paths(cfg.models)
     return classes
 
 
