@@ -119,3 +119,35 @@ def test_wandb_online_without_a_key_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"^train.log_with: 'wandb' online needs a W&B API key: set WANDB_API_KEY"
                                           r" \(or run `wandb login`\), or WANDB_MODE=offline"):
         launch_from_config(cfg)
+
+
+class FromPretrainedTrainer(Trainer):
+    """The usual get_models: a transformers model from a local folder (by its class or an Auto class)."""
+
+    def get_models(self, model_config):
+        import transformers
+        cls = transformers.AutoModelForCausalLM if model_config["auto"] else transformers.LlamaForCausalLM
+        return cls.from_pretrained(model_config["path"], torch_dtype=torch.bfloat16)
+
+    def forward_step(self, batch_dict):
+        return self.model(input_ids=batch_dict["index"][:, None] % 100).logits.float().mean()
+
+
+@pytest.mark.parametrize("auto", [False, True])
+def test_plan_builds_from_pretrained_models_from_their_config(tmp_path, auto):
+    transformers = pytest.importorskip("transformers")
+    from giga_train.tools.plan import plan
+    folder = tmp_path / "llama"
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=2, vocab_size=100)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    real = transformers.LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.bfloat16)
+    cfg = tiny_config(tmp_path / "run", max_steps=1)
+    cfg.update(runners=["tests.test_first_hour.FromPretrainedTrainer"], models=dict(path=str(folder), auto=auto))
+    cfg["dataloaders"]["train"] = dict(data_or_config=dict(_class_name="CountingDataset", size=8), batch_size_per_gpu=2)
+    result = plan(cfg, gpus=(1,), activations=False)
+    assert result["parameters"]["numel"] == sum(p.numel() for p in real.parameters())
+    assert result["parameters"]["bytes"] == sum(p.numel() * 2 for p in real.parameters())  # bf16, as asked
+    import transformers as again
+    assert "from_pretrained" in vars(again.PreTrainedModel)  # restored after the build
+    assert again.LlamaForCausalLM.from_pretrained(folder).model.embed_tokens.weight.device.type == "cpu"
