@@ -151,3 +151,55 @@ def test_plan_builds_from_pretrained_models_from_their_config(tmp_path, auto):
     import transformers as again
     assert "from_pretrained" in vars(again.PreTrainedModel)  # restored after the build
     assert again.LlamaForCausalLM.from_pretrained(folder).model.embed_tokens.weight.device.type == "cpu"
+
+
+def test_version_and_env(capsys):
+    from giga_train import __version__
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"giga-train {__version__}"
+    assert main(["env"]) == 0
+    rows = dict(line[2:].split(":", 1) for line in capsys.readouterr().out.splitlines())
+    rows = {name: value.strip() for name, value in rows.items()}
+    assert rows["giga-train"] == __version__ and rows["torch"] == torch.__version__
+    for name in ("Python", "torch CUDA", "cuDNN", "deepspeed", "torchao", "diffusers", "transformers", "triton"):
+        assert rows[name], name
+
+
+@pytest.mark.parametrize("out", [None, "full.yaml", "full.json"])
+def test_the_whole_config_with_defaults(tmp_path, capsys, out):
+    from giga_train.config import load_config
+    cfg = tiny_config(tmp_path / "run")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    argv = ["check", str(path)] + (["--out", str(tmp_path / out)] if out else ["--print-config"])
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    full = load_config(str(tmp_path / out)) if out else json.loads(text)
+    assert full["train"]["max_grad_norm"] is None and full["train"]["nan_policy"] == "skip"  # defaults, not given
+    assert full["launch"]["distributed_type"] == "NO" and full["optimizers"] == cfg["optimizers"]
+    assert main(["check", str(tmp_path / out) if out else str(path)]) == 0  # what it wrote is a config again
+
+
+class CountingValTrainer(TinyTrainer):
+    def validation_step(self, batch_dict):
+        with open(f"{self.project_dir}.val_batches", "a") as f:
+            f.write("1\n")
+        return self.model(batch_dict["tokens"], batch_dict["targets"])
+
+
+def test_dry_run(tmp_path, capsys):
+    """train --dry-run: 2 steps and at most 2 validation batches, nothing written but the train log, exit 0."""
+    cfg = tiny_config(tmp_path / "run", runner="tests.test_first_hour.CountingValTrainer", max_steps=1000,
+                      checkpoint_interval=1, eval_interval=500, log_with="tensorboard", resume=True)
+    cfg["dataloaders"]["val"] = dict(batch_size_per_gpu=2, data_or_config=dict(
+        _class_name="StdlibText", block_size=16, stride=16, max_bytes=40_000, split="val", val_fraction=0.004))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["train", str(path), "--dry-run"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == (
+        "dry run: ok, 2 training steps and a validation of at most 2 batches; no checkpoint, no tracker, no"
+        " config.json written")
+    assert (tmp_path / "run.val_batches").read_text().split() == ["1", "1"]  # 5 batches in dataloaders.val
+    written = sorted(str(p.relative_to(tmp_path / "run")) for p in (tmp_path / "run").rglob("*") if p.is_file())
+    assert written == [".giga_train.lock", "logs/train.log"]  # the run's lock and log only

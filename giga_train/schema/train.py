@@ -49,6 +49,7 @@ TRAIN = dict(
     ema_decay=Key(0.9999, numbers.Real, check=_unit_interval),
     checkpoint_async=Key(False, bool),  # write checkpoints in a background thread (not under DEEPSPEED)
     progress_bar=Key(True, bool),
+    dry_run=Key(False, (bool, int)),  # N steps (True: 2) and a short validation, no checkpoint nor tracker
     nan_policy=Key("skip", str, choices=("skip", "stop", "off")),  # a non-finite loss/grad norm: skip the update
     max_nan_steps=Key(10, (int, type(None)), min=1),  # skipped steps in a row before the run stops (None: never)
     eval_interval=Key(None, int, min=1),  # validate on dataloaders.val every N steps and at the last (None: never)

@@ -23,7 +23,7 @@ def offline_trainer(config, overrides=(), device="meta"):
     classes = validated_runners(cfg)  # fills the schema's defaults
     cls = next((c for c in classes if issubclass(c, Trainer)), None)
     if cls is None:
-        raise ConfigError(f"runners: {', '.join(cfg.runners)}: none is a Trainer (nothing to build a model from)")
+        raise ConfigError(f"runners: {', '.join(map(str, cfg.runners))}: none is a Trainer (nothing to build a model from)")
     trainer = cls.__new__(cls)
     trainer.config, trainer.options = cfg, Config(cfg.train)
     trainer.train_config, trainer.kwargs = trainer.options, trainer.extra_options(cfg.train)

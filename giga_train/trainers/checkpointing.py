@@ -28,6 +28,8 @@ class CheckpointHooks:
     def save_checkpoint(self):
         """Write a checkpoint of this step (Checkpointer.save); the NaN guard settles first, so that a stop
         comes before anything is written."""
+        if self.train_config.get("dry_run"):
+            return  # a dry run writes no checkpoint (launch/dry_run.py)
         self._settle_skips(wait=True)
         self.wait_for_checkpoint()  # at most one save in flight: its error surfaces here
         # GigaTrain's name: checkpoint_epoch_{cur_epoch}_step_{cur_step}, cur_epoch = ceil(step / epoch_size)
