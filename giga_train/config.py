@@ -1,4 +1,6 @@
 """Load a config (.py / .yaml / .json / dotted module), apply `--set` overrides, give attribute access."""
+from __future__ import annotations
+
 import ast
 import copy
 import importlib
@@ -7,6 +9,7 @@ import os
 import pprint
 import runpy
 import sys
+from typing import Any
 
 from .errors import ConfigError
 
@@ -41,12 +44,12 @@ class Config(dict):
     def __delattr__(self, key):
         del self[key]
 
-    def setdefault(self, k, d=None):
+    def setdefault(self, k, d=None) -> Any:
         if k not in self:
             self[k] = d
         return self[k]
 
-    def update(self, e=None, **f):
+    def update(self, e=None, **f) -> Config:
         """Merge: a dict value merges into a section of that name (recursively) unless it has
         `__force__=True`; every other value replaces. Returns self (GigaTrain's chaining)."""
         for k, v in dict(e or {}, **f).items():
@@ -60,26 +63,26 @@ class Config(dict):
                 self[k] = v
         return self
 
-    def pop(self, k, d=None):
+    def pop(self, k, d=None) -> Any:
         return super().pop(k, d)
 
-    def copy(self):
+    def copy(self) -> Config:
         return copy.deepcopy(self)
 
     def __deepcopy__(self, memo):
         return Config({k: copy.deepcopy(v, memo) for k, v in self.items()})
 
-    def to_dict(self, tuple_as_list=False):
+    def to_dict(self, tuple_as_list=False) -> dict:
         return _unwrap(self, tuple_as_list)
 
     @property
-    def pretty_text(self):
+    def pretty_text(self) -> str:
         return pprint.pformat(self.to_dict())
 
     def __str__(self):
         return f"Config:\n{self.pretty_text}"
 
-    def save(self, filename):
+    def save(self, filename) -> None:
         """Write to .json (tuples kept as ['__tuple__', ...]), .yaml/.yml; the folder is made."""
         folder = os.path.dirname(os.path.abspath(filename))
         os.makedirs(folder, exist_ok=True)
@@ -95,11 +98,11 @@ class Config(dict):
             raise ConfigError(f"{filename}: cannot save a config as '{ext}' (use .json, .yaml or .yml)")
 
     @classmethod
-    def load(cls, filename):
+    def load(cls, filename) -> Config:
         """A Config from a file (.py/.json/.yaml/.yml) or a module path (`configs.exp1.config`)."""
         return _load_source(filename)
 
-    def merge_from_file(self, filename):
+    def merge_from_file(self, filename) -> Config:
         return self.update(Config.load(filename))
 
 
@@ -127,7 +130,7 @@ def _unwrap(value, tuple_as_list=False):
     return value
 
 
-def load_config(config_or_path, overrides=()):
+def load_config(config_or_path, overrides=()) -> Config:
     """A Config from a file path, a dotted module path (`configs.exp1.config`), a project folder (the
     config.json a run saved there), or a dict. A Config comes back as it is (GigaTrain's), unless
     there are overrides to apply; a plain dict is copied."""

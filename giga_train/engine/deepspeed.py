@@ -21,6 +21,13 @@ from .deepspeed_state import set_full_state
 
 @STRATEGIES.register(name="DEEPSPEED")
 class DeepSpeedStrategy(Strategy):
+    # DeepSpeed 0.19.8 has Ulysses of its own (deepspeed.sequence.layer.DistributedAttention; ALST's
+    # UlyssesSPAttentionHF for transformers models), its engine reducing gradients over a sequence-data-parallel
+    # group handed to initialize() through `mpu`: not wired to the mesh here.
+    PARALLEL_DIMS = ("dp_shard",)
+    FILLS_DIM = "dp_shard"
+    PARALLEL_NOTE = ("sequence parallelism and replicas run under distributed_type='FSDP' (fsdp_version=2) or"
+                     " 'MULTI_GPU' here; DeepSpeed's own Ulysses is not wired to the mesh")
     state_snapshot_detached = False  # engine.save_checkpoint takes the engine's state itself, synchronously
 
     def __init__(self, env, launch, train, **kwargs):

@@ -14,6 +14,8 @@ OPTIMIZER_DCP, PRECISION_FILE = "optimizer_dcp", "precision.pt"
 class TorchOptimizerStrategy(Strategy):
     # -- one step -------------------------------------------------------------------------------
     def backward(self, loss):
+        if self.mesh is not None and self.mesh.dims.sp > 1 and not getattr(self, "_split_seen", False):
+            self._split_seen = self.require_sequence_split()
         scaler = self.precision.scaler
         (scaler.scale(loss) if scaler is not None else loss).backward()
 

@@ -1,8 +1,8 @@
 """The config schema (GigaTrain's names): defaults, and validation that answers in one line.
 
-The whole config is checked here, section by section: schema_launch.py (launch), schema_train.py (train,
-test), schema_loader.py (dataloaders), schema_accelerate.py (Accelerate's forms), schema_data.py (the
-classes a section names), on schema_keys.py's Key."""
+The whole config is checked here, section by section: launch.py (launch), train.py (train, test), loader.py
+(dataloaders), compat/accelerate.py (Accelerate's forms), classes.py (the classes a section names), on keys.py's
+Key."""
 from .values import refuse_nan
 from ..config import Config
 from ..errors import ConfigError
@@ -11,6 +11,7 @@ from ..schedulers import SCHEDULERS
 from ..compat.accelerate import check_cluster_key
 from .classes import check_built as _check_built, check_streaming, is_streaming
 from .keys import REQUIRED, Key, _fill, edit_distance, near_miss
+from .parallelism import check_parallelism
 from .launch import LAUNCH, _check_launch, _pop_cluster_keys, world_size_of
 from .loader import LOADER, _check_loader
 from .model_paths import check_model_paths
@@ -37,7 +38,7 @@ SECTIONS = dict(
 
 def validate_config(cfg):
     """Fill defaults, normalise GigaTrain's forms and check every section before any work starts. Returns the
-    imported runner objects (that each is a runner class is checked a layer up, in runners.py)."""
+    imported runner objects (that each is a runner class is checked a layer up, in launch/runners.py)."""
     if not isinstance(cfg, dict):
         raise ConfigError(f"config: expected a dict, got {type(cfg).__name__}")
     for name, spec in SECTIONS.items():  # a section given as anything but a dict: one line, not a traceback
@@ -63,6 +64,7 @@ def validate_config(cfg):
     tester_only = all(getattr(cls, "SECTION", None) == "test" for cls in classes)
     _check_train(cfg.train, cfg.project_dir, given_train, tester_only=tester_only)
     _check_launch(cfg.launch, cfg.train)
+    check_parallelism(cfg.launch, cfg.models, world_size_of(cfg.launch))
     for key, value in cluster.items():
         check_cluster_key(key, value)
     _check_precision_device(cfg)

@@ -136,11 +136,12 @@ class Trainer(CheckpointHooks, Runner):
         if train.checkpoint_best:
             self.best_checkpoint = BestCheckpoint(train.checkpoint_best, self.checkpoints.folders,
                                                   self.is_main_process)
-        seed_everything(train.seed + self.process_index)  # ranks differ from here on (dropout, noise)
+        seed_everything(train.seed + self.strategy.data_rank)  # data ranks differ from here (dropout, noise)
 
     def get_dataloaders(self, data_config):
         """The training data: micro-batches on the device, resumable to the exact sample."""
-        return build_stream(data_config, self.train_config.seed, self.process_index, self.num_processes,
+        rank, world = self.data_rank_and_world  # an SP group's ranks read the same samples
+        return build_stream(data_config, self.train_config.seed, rank, world,
                             self.device, accumulation=self.gradient_accumulation_steps,
                             data_parallel_size=self.train_config.get("data_parallel_size") or 1)
 
@@ -239,7 +240,14 @@ class Trainer(CheckpointHooks, Runner):
         """Samples per optimizer step, all ranks together."""
         per_rank = getattr(self.dataloader, "batch_size", None) or 1
         parallel = self.train_config.get("data_parallel_size") or 1
-        return per_rank * self.num_processes * self.gradient_accumulation_steps // parallel
+        return per_rank * self.data_rank_and_world[1] * self.gradient_accumulation_steps // parallel
+
+    @property
+    def data_rank_and_world(self):
+        """(this rank's data-parallel coordinate, the data-parallel ranks): the rank and world size without
+        sequence parallelism; without an engine (the offline tools) the process's."""
+        strategy = getattr(self, "strategy", None)
+        return (strategy.data_rank, strategy.data_world_size) if strategy else (self.process_index, self.num_processes)
 
     @property
     def epoch_size(self):
