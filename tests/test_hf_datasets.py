@@ -37,10 +37,24 @@ def test_killed_then_resumed_equals_uninterrupted(tmp_path, kind):
         assert first.split(" ", 2)[2] != "[0, 1, 2]"
 
 
-def stream(workers):
+def stream(workers, rank=0, world_size=1, num_shards=3):
     cfg = Config({k: v.default for k, v in LOADER.items()})
-    cfg.update(data_or_config=streaming(), batch_size_per_gpu=3, num_workers=workers)
-    return build_stream(cfg, seed=7, rank=0, world_size=1, device=torch.device("cpu"))
+    cfg.update(data_or_config=streaming(num_shards), batch_size_per_gpu=3, num_workers=workers)
+    return build_stream(cfg, seed=7, rank=rank, world_size=world_size, device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("num_shards", [3, 4])  # 3: every N-th example of the stream; 4: whole shards
+def test_streaming_ranks_and_workers_cover_each_epoch_once(workers, num_shards):
+    seen = []
+    for rank in (0, 1):
+        s = stream(workers, rank, 2, num_shards)
+        while True:
+            batch = next(s)["index"].tolist()
+            if s.epoch == 1:
+                break
+            seen += batch
+    assert sorted(seen) == list(range(40))
 
 
 def test_streaming_resume_with_workers_is_exact():

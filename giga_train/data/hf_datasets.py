@@ -14,14 +14,6 @@ def _module_root(obj):
     return type(obj).__module__.split(".", 1)[0]
 
 
-def is_hf_dataset(dataset):
-    """A `datasets.Dataset` or `datasets.IterableDataset` (the package is imported once one exists)."""
-    if _module_root(dataset) != "datasets":
-        return False
-    import datasets
-    return isinstance(dataset, (datasets.Dataset, datasets.IterableDataset))
-
-
 def is_hf_streaming(dataset):
     if _module_root(dataset) != "datasets":
         return False
@@ -62,4 +54,4 @@ def as_streaming(dataset):
     return HFStreaming(dataset) if is_hf_streaming(dataset) else dataset
 
 
-__all__ = ["HFStreaming", "as_streaming", "is_hf_dataset", "is_hf_streaming"]
+__all__ = ["HFStreaming", "as_streaming", "is_hf_streaming"]
