@@ -134,6 +134,7 @@ def load_config(config_or_path, overrides=()) -> Config:
     """A Config from a file path, a dotted module path (`configs.exp1.config`), a project folder (the
     config.json a run saved there), or a dict. A Config comes back as it is (GigaTrain's), unless
     there are overrides to apply; a plain dict is copied."""
+    work_dir_on_path()
     if isinstance(config_or_path, Config) and not overrides:
         return config_or_path
     if isinstance(config_or_path, dict):
@@ -152,6 +153,14 @@ def load_config(config_or_path, overrides=()) -> Config:
     return cfg
 
 
+def work_dir_on_path():
+    """The working directory first on sys.path (GigaTrain's setup_environment), whatever the config's form:
+    the `runners` a saved config.json, a YAML file or a module names resolve from the project root, as they
+    do for `python -m` (the ranks are started so)."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 def _load_source(source):
     ext = os.path.splitext(source)[1].lower()
     if ext in (".py", ".yaml", ".yml", ".json") or os.sep in source:
@@ -163,10 +172,11 @@ def _load_source(source):
 
 def _load_file(path, ext):
     if ext == ".py":
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())  # so `runners` and imports in the config resolve from here
         try:
             namespace = runpy.run_path(path)
+        except SystemExit as e:  # sys.exit() or exit() in the config: nothing to train, and not a success
+            raise ConfigError(f"{path}: the config called sys.exit({e.code!r}) while loading; a config file must"
+                              " define `config`, not exit") from None
         except SyntaxError as e:
             raise ConfigError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
         except Exception as e:
@@ -198,14 +208,15 @@ def _load_file(path, ext):
 
 def _load_module(path):
     """`pkg.module.config` (an attribute) or `pkg.module` (which defines `config`)."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     module_name, _, attr = path.rpartition(".")
     candidates = [(module_name, attr)] if module_name else []
     candidates.append((path, "config"))
     for name, attr in candidates:
         try:
             module = importlib.import_module(name)
+        except SystemExit as e:
+            raise ConfigError(f"{path}: the module called sys.exit({e.code!r}) while loading; a config must"
+                              " define `config`, not exit") from None
         except ModuleNotFoundError as e:
             if e.name and name.startswith(e.name):
                 continue
@@ -232,6 +243,9 @@ def apply_override(cfg, item):
     if not sep or not key.strip():
         raise ConfigError(f"--set '{item}': expected KEY=VALUE, e.g. train.max_steps=100")
     parts = key.strip().split(".")
+    if not all(part and part == part.strip() for part in parts):
+        raise ConfigError(f"--set '{item}': '{key.strip()}' has an empty or blank part between its dots"
+                          " (expected e.g. train.max_steps=100)")
     node = cfg
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)

@@ -15,7 +15,7 @@ from .deepspeed_config import resolve_deepspeed_config
 from ..distributed.env import init_process_group
 from ..checkpoint.formats.full_state import DEEPSPEED_DIR, DEEPSPEED_TAG, deepspeed_meta, write_deepspeed_meta
 from ..checkpoint.safe_unpickle import safe_torch_loads
-from .protocol import StepResult, Strategy
+from .protocol import OVERFLOW, StepResult, Strategy
 from .deepspeed_state import set_full_state
 
 
@@ -128,8 +128,9 @@ class DeepSpeedStrategy(Strategy):
         if verdict is None:
             return StepResult(norm)
         skipped = not self.model.was_step_applied()
-        # fp16: a skipped step is the loss scaler's normal overflow skip, not a NaN step.
-        bad_grad = ("grad_norm",) if skipped and self.train.mixed_precision != "fp16" else ()
+        # fp16: a skipped step is the loss scaler's overflow skip (counted as such; DeepSpeed stops at its floor)
+        fp16 = self.train.mixed_precision == "fp16"
+        bad_grad = ((OVERFLOW,) if fp16 else ("grad_norm",)) if skipped else ()
         if not skipped and norm is not None and not bool(torch.isfinite(norm)):  # global: the same on all ranks
             bad_grad = ("grad_norm",)
         return StepResult(norm, bad_loss + bad_grad, skipped=skipped)

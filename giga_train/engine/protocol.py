@@ -14,6 +14,9 @@ import torch.distributed as dist
 from .precision import Precision
 
 
+OVERFLOW = "fp16 gradients"  # the name a step skipped by the fp16 loss scaler is counted under
+
+
 @dataclass
 class StepResult:
     grad_norm: object = None     # the pre-clip gradient norm (a device tensor), or None when not computed
@@ -23,6 +26,7 @@ class StepResult:
     found_inf: object = None     # 0-dim float32 device tensor, 1.0 when this step was skipped on every rank
     flags: object = None         # the all-reduced per-name flags (a device tensor), for the host to settle later
     names: tuple = ()            # the names of `flags`
+    loss_scale: object = None    # fp16: the loss scale after a step its scaler skipped (a float, read on the host)
 
 
 class Strategy(abc.ABC):

@@ -9,6 +9,7 @@ from ..errors import ConfigError
 from ..registry import OPTIMIZERS, did_you_mean, import_object
 from ..schedulers import SCHEDULERS
 from ..compat.accelerate import check_cluster_key
+from .constructors import check_constructors
 from .classes import check_built as _check_built, check_streaming, is_streaming
 from .keys import REQUIRED, Key, _fill, edit_distance, near_miss
 from .parallelism import check_parallelism
@@ -103,6 +104,7 @@ def validate_config(cfg):
                     raise ConfigError(f"{where}[{i}]: expected a dict with 'type', got {type(entry).__name__}")
                 _check_built(f"{where}[{i}]", registry, entry, supplied=supplied)
     _check_optimizer_layout(cfg)
+    check_constructors(cfg)  # what the optimizers' and schedulers' own constructors refuse
     check_model_paths(cfg.models)
     return classes
 

@@ -13,6 +13,7 @@ from ..engine.single import SingleProcessStrategy
 from ..errors import ConfigError
 from ..launch.runners import validated_runners
 from ..trainers import Trainer
+from ..trainers.epochs import EpochClock
 
 
 def offline_trainer(config, overrides=(), device="meta"):
@@ -35,6 +36,7 @@ def offline_trainer(config, overrides=(), device="meta"):
     trainer.step, trainer.ema, trainer._stepping = 0, None, False
     # One process's engine, never set up: what unwrapped_model and the data rank are read from (build_model)
     trainer.strategy = SingleProcessStrategy(trainer.env, cfg.launch, trainer.train_config)
+    trainer.epoch_clock = EpochClock()
     return trainer
 
 

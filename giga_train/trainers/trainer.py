@@ -38,6 +38,7 @@ from ..tracking import MetricLogger, PerfMeter, StepProfiler, hparams
 from ..tracking.metrics import MetricSums
 from .best_checkpoint import BestCheckpoint
 from .checkpointing import CheckpointHooks
+from .epochs import EpochClock, max_steps_by_epochs
 from .nan_guard import NanGuard, SchedulerRewind
 from ..compat.utils import as_list
 from .runner import Runner
@@ -73,6 +74,7 @@ class Trainer(CheckpointHooks, Runner):
         if self.train_config.get("allow_tf32", True) and torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         self.step = 0  # optimizer steps completed (cur_step is GigaTrain's, 1-based inside a step)
+        self.epoch_clock = EpochClock()  # epochs by the samples seen (a resume may change the batch)
         self._stepping = False
         self._optimizers, self._schedulers, self.ema = [], [], None
         self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
@@ -124,7 +126,8 @@ class Trainer(CheckpointHooks, Runner):
                                         rank_state=self._stream if getattr(self._stream, "per_rank_state", False)
                                         else None)
         max_nan = train.max_nan_steps if train.max_nan_steps is not None else float("inf")  # None: never stop
-        self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest)
+        self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest_finite,
+                                  max_overflow=train.max_overflow_steps or float("inf"))
         self._scheduler_rewind = SchedulerRewind(self.schedulers, self.optimizers)
         val = self.config.dataloaders.get("val")
         if train.eval_interval and val is not None:
@@ -265,7 +268,8 @@ class Trainer(CheckpointHooks, Runner):
     @property
     def max_steps(self):
         max_steps = self.train_config.max_steps or 0
-        return max_steps if max_steps > 0 else self.train_config.max_epochs * self.epoch_size
+        return max_steps if max_steps > 0 else max_steps_by_epochs(self.train_config.max_epochs, self.epoch_size,
+                                                                   self.epoch_clock)
 
     @property
     def cur_step(self):
@@ -274,7 +278,7 @@ class Trainer(CheckpointHooks, Runner):
 
     @property
     def cur_epoch(self):
-        return int(math.ceil(self.cur_step / self.epoch_size))
+        return int(math.ceil(self.epoch_clock.steps(self.cur_step) / self.epoch_size))
 
     @property
     def epoch(self):
