@@ -2,6 +2,9 @@
 config, runner classes given from Python, did-you-mean for constructor arguments and runner names, a missing
 model path at check, a batch larger than the data, no DCP noise at one process, wandb without a key."""
 import json
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -108,19 +111,22 @@ def test_one_process_checkpoints_give_no_dcp_warning(tmp_path):
     assert (tmp_path / "models" / "checkpoint_epoch_1_step_3").is_dir()
 
 
-def test_wandb_online_without_a_key_is_one_line(tmp_path, monkeypatch):
+def test_wandb_online_without_a_key_is_one_line(tmp_path):
     """wandb's UsageError traceback becomes one line naming the fixes; as any tracker that fails (tracking/
-    guarded.py), wandb is then turned off and the run goes on."""
+    guarded.py), wandb is then turned off and the run goes on. In a subprocess: wandb keeps its settings in the
+    process (the offline tests of test_trackers.py must not inherit an online one)."""
     pytest.importorskip("wandb")
-    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DISABLED"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc login
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / "wandb"))
-    cfg = tiny_config(tmp_path / "run", max_steps=1, log_with="wandb")
-    assert launch_from_config(cfg).step == 1
-    said = [line for line in (tmp_path / "run" / "logs" / "train.log").read_text().splitlines() if "wandb" in line]
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DISABLED")}
+    env.update(HOME=str(tmp_path / "home"), WANDB_CONFIG_DIR=str(tmp_path / "home" / "cfg"))  # no login anywhere
+    path = tmp_path / "cfg.py"
+    path.write_text(f"config = {tiny_config(tmp_path / 'run', max_steps=1, log_with='wandb')!r}\n")
+    run = subprocess.run([sys.executable, "-m", "giga_train", "train", str(path)], env=env, capture_output=True,
+                         text=True, cwd=os.getcwd(), timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    said = [line for line in run.stderr.splitlines() + run.stdout.splitlines() if "API key" in line]
     assert len(said) == 1 and ("train.log_with: 'wandb' online needs a W&B API key: set WANDB_API_KEY (or run"
                                " `wandb login`), or WANDB_MODE=offline") in said[0], said
+    assert "Traceback" not in run.stderr
 
 
 class FromPretrainedTrainer(Trainer):
