@@ -1,5 +1,6 @@
-"""giga-train train CONFIG [--set key=value ...] | check CONFIG [--set ...] | plan CONFIG [--set ...] [--gpus 1,8]
-[--card h200] [--json] | convert CHECKPOINT --to full|dcp | export CHECKPOINT --to hf [--out DIR] [--ema]"""
+"""giga-train train CONFIG [--set key=value ...] [--dry-run] | check CONFIG [--set ...] [--print-config] [--out F]
+| plan CONFIG [--set ...] [--gpus 1,8] [--card h200] [--json] | convert CHECKPOINT --to full|dcp
+| export CHECKPOINT --to hf [--out DIR] [--ema] | env | --version"""
 import argparse
 import sys
 
@@ -8,7 +9,9 @@ from .errors import CheckpointError, ConfigError, RankFailed, RegistryError, Tra
 
 
 def main(argv=None):
+    from . import __version__
     parser = argparse.ArgumentParser(prog="giga-train", description=__doc__.strip())
+    parser.add_argument("--version", action="version", version=f"giga-train {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (("train", "run the config's training job"),
                             ("check", "validate the config and exit (nothing is run)")):
@@ -16,6 +19,14 @@ def main(argv=None):
         sub.add_argument("config", help="a .py/.yaml/.json file, or a dotted module path")
         sub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                          help="override a config value (a Python literal, else a string); repeatable")
+        if name == "train":
+            sub.add_argument("--dry-run", action="store_true",
+                             help="2 training steps and a short validation, no checkpoint nor tracker (train.dry_run)")
+        else:
+            sub.add_argument("--print-config", action="store_true",
+                             help="print the whole config, every default filled in, as JSON")
+            sub.add_argument("--out", help="write the whole config there instead (.json, .yaml or .yml)")
+    commands.add_parser("env", help="the versions and GPUs a bug report needs (as `accelerate env`)")
     sub = commands.add_parser("plan", help="the memory per GPU of the config's job, per strategy and GPU count")
     sub.add_argument("config", help="a .py/.yaml/.json file, or a dotted module path")
     sub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -40,6 +51,10 @@ def main(argv=None):
     sub.add_argument("--merged", action="store_true", help="PEFT: also write the merged model (merged/)")
     args = parser.parse_args(argv)
     try:
+        if args.command == "env":
+            from .tools.env_report import env_report, format_env_report
+            print(format_env_report(env_report()))
+            return 0
         if args.command == "plan":
             from .tools.plan import plan_command
             plan_command(args)
@@ -57,10 +72,16 @@ def main(argv=None):
             from .launch.runners import validated_runners
             cfg = load_config(args.config, args.overrides)
             validated_runners(cfg)
-            print(f"{args.config}: ok ({', '.join(cfg.runners)})")
+            if args.print_config or args.out:
+                from .tools.full_config import write_full_config
+                write_full_config(cfg, args.out)
+                if args.out:
+                    print(f"{args.out}: the whole config of {args.config}, every default filled in")
+                return 0
+            print(f"{args.config}: ok ({', '.join(map(str, cfg.runners))})")
             return 0
         from .launch.launcher import launch_from_config
-        launch_from_config(args.config, overrides=args.overrides)
+        launch_from_config(args.config, overrides=args.overrides + (["train.dry_run=True"] if args.dry_run else []))
     except (ConfigError, RegistryError) as e:  # bad input: one line naming the key, file or value
         print(f"giga-train: error: {e}", file=sys.stderr)
         return 2

@@ -17,8 +17,21 @@ TYPE_KEYS = ("type", "_class_name")
 _MISSING = object()
 
 
+# The other libraries' names for one argument (transformers' TrainingArguments, Lightning, Keras, optax) that
+# spelling alone would not match: suggested when the accepted names hold the other one.
+ARGUMENT_SYNONYMS = [("lr", "learning_rate"), ("weight_decay", "wd"), ("eps", "epsilon"), ("betas", "beta1"),
+                     ("betas", "beta2"), ("warmup_steps", "warmup"), ("warmup_steps", "num_warmup_steps"),
+                     ("decay_steps", "num_training_steps"), ("decay_steps", "total_steps"),
+                     ("batch_size_per_gpu", "batch_size"), ("batch_size_per_gpu", "per_device_train_batch_size")]
+
+
 def did_you_mean(name, choices):
-    """"; did you mean 'X'?" for the closest choice (case-insensitive), or ""."""
+    """"; did you mean 'X'?" for the closest choice (case-insensitive, or another library's name for it), or ""."""
+    choices = [str(c) for c in choices]
+    for a, b in ARGUMENT_SYNONYMS:
+        for given, ours in ((a, b), (b, a)):
+            if str(name).lower() == given and ours in choices:
+                return f"; did you mean '{ours}'?"
     by_lower = {str(c).lower(): str(c) for c in choices}
     close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=1, cutoff=0.6)
     return f"; did you mean '{by_lower[close[0]]}'?" if close else ""

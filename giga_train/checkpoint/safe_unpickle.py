@@ -125,7 +125,9 @@ def load_dcp(state, folder, **kwargs):
     DCP already reads with weights_only=True."""
     import torch.distributed.checkpoint as dcp
     load_metadata(os.path.join(str(folder), ".metadata"))
-    dcp.load(state, storage_reader=SafeFileSystemReader(str(folder)), **kwargs)
+    from .quiet_dcp import quiet_single_process
+    with quiet_single_process():
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(folder)), **kwargs)
     return state
 
 

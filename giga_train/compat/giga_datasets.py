@@ -71,8 +71,13 @@ def open_dataset(cfg, transform, where):
             raise ConfigError(f"{where}.filter: {type(dataset).__name__} has no filter method (giga_datasets'"
                               " datasets have one)")
         dataset.filter(**cfg.filter)
-    if callable(getattr(dataset, "set_transform", None)):
-        dataset.set_transform(transform)  # GigaTrain's contract: the dataset applies it in __getitem__
+    # GigaTrain's contract: a giga_datasets dataset applies the transform in __getitem__ (set, None included, as
+    # GigaTrain does). A Dataset object of the user's keeps its own unless the config names one, and a Hugging
+    # Face dataset's is never touched (its set_transform takes batches; the user's set_transform/with_transform
+    # stays): the loader applies the config's transform to each sample there.
+    hugging_face = type(dataset).__module__.split(".", 1)[0] == "datasets"
+    if callable(getattr(dataset, "set_transform", None)) and not hugging_face and (by_giga or transform is not None):
+        dataset.set_transform(transform)
         transform = None
     if cfg.get("collate_fn"):
         collate = import_object(cfg.collate_fn)

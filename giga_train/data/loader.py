@@ -12,6 +12,7 @@ from ..errors import ConfigError
 from ..registry import SAMPLERS, TRANSFORMS
 from .device import to_device
 from ..compat.giga_datasets import load_dataset, open_dataset
+from .hf_datasets import as_streaming
 from .samplers import DefaultSampler, EpochPlan
 from .streaming import StreamingData, is_streaming
 
@@ -100,6 +101,10 @@ class DataStream:
             raise ConfigError(f"dataloaders.train.batch_size_per_gpu: a global batch of {global_batch} samples"
                               f" ({cfg.batch_size_per_gpu} x {world_size} ranks x {accumulation} accumulation) is"
                               f" over 100 times the dataset ({len(self.dataset)} samples)")
+        if global_batch > len(self.dataset):
+            log.warning("dataloaders.train.batch_size_per_gpu: a global batch of %d samples (%d x %d ranks x %d"
+                        " accumulation) is larger than the dataset (%d samples): each step repeats samples",
+                        global_batch, cfg.batch_size_per_gpu, world_size, accumulation, len(self.dataset))
         yields_batches = cfg.get("batch_sampler") is not None
         cls, kwargs = SAMPLERS.resolve(dict(cfg.batch_sampler if yields_batches else
                                             cfg.sampler or dict(type="DefaultSampler")))
@@ -223,7 +228,7 @@ def build_stream(cfg, seed, rank, world_size, device, accumulation=1, data_paral
     """The training stream of a dataloader section: DataStream for a map-style dataset, StreamingData for an
     IterableDataset (streaming.py)."""
     if is_streaming(cfg.data_or_config):
-        return StreamingData(build_dataset(cfg.data_or_config), cfg, seed, rank, world_size, device)
+        return StreamingData(as_streaming(build_dataset(cfg.data_or_config)), cfg, seed, rank, world_size, device)
     return DataStream(cfg, seed, rank, world_size, device, accumulation=accumulation,
                       data_parallel_size=data_parallel_size)
 

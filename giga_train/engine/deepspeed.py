@@ -32,7 +32,10 @@ class DeepSpeedStrategy(Strategy):
 
     @classmethod
     def check_config(cls, config):
-        """The DeepSpeed JSON resolved against the train config (deepspeed_config.py), and what ZeRO-3 refuses."""
+        """The DeepSpeed JSON resolved against the train config (deepspeed_config.py), and what ZeRO-3 refuses.
+        None for a config that does not train (a Tester alone: no dataloaders.train)."""
+        if "train" not in config.dataloaders:
+            return None
         ds_config = resolve_deepspeed_config(config.launch.deepspeed_config, config.train,
                                              config.dataloaders.train.batch_size_per_gpu, world_size_of(config.launch))
         if _stage(ds_config) == 3 and config.train.with_ema:

@@ -96,8 +96,10 @@ class TorchOptimizerStrategy(Strategy):
         """The optimizer state through torch.distributed.checkpoint (each rank writes its shards, replicated
         tensors once), so any strategy at any world size can read it; the loss-scaler state beside it."""
         import torch.distributed.checkpoint as dcp
-        dcp.save({"optimizer": state["optimizer"]}, checkpoint_id=os.path.join(folder, OPTIMIZER_DCP),
-                 process_group=process_group)
+        from ..checkpoint.quiet_dcp import quiet_single_process
+        with quiet_single_process():
+            dcp.save({"optimizer": state["optimizer"]}, checkpoint_id=os.path.join(folder, OPTIMIZER_DCP),
+                     process_group=process_group)
         if self.env.is_main:
             torch.save({"precision": state["precision"]}, os.path.join(folder, PRECISION_FILE))
 

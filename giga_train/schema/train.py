@@ -49,6 +49,7 @@ TRAIN = dict(
     ema_decay=Key(0.9999, numbers.Real, check=_unit_interval),
     checkpoint_async=Key(False, bool),  # write checkpoints in a background thread (not under DEEPSPEED)
     progress_bar=Key(True, bool),
+    dry_run=Key(False, (bool, int)),  # N steps (True: 2) and a short validation, no checkpoint nor tracker
     nan_policy=Key("skip", str, choices=("skip", "stop", "off")),  # a non-finite loss/grad norm: skip the update
     max_nan_steps=Key(10, (int, type(None)), min=1),  # skipped steps in a row before the run stops (None: never)
     # fp16: steps the loss scaler skipped in a row (inf/nan gradients) before the run stops (None: never); the run
@@ -128,10 +129,10 @@ def resolve_logging_dir(project_dir, logging_dir, environ=None):
     return os.path.expanduser(os.path.expandvars(logging_dir))
 
 
-def _check_train(train, project_dir, given=()):
+def _check_train(train, project_dir, given=(), tester_only=False):
     train.max_steps = train.max_steps or None  # 0: not set
     train.max_epochs = train.max_epochs or None
-    if train.max_steps is None and train.max_epochs is None:
+    if train.max_steps is None and train.max_epochs is None and not tester_only:
         raise ConfigError("train: set max_steps or max_epochs")
     if train.max_steps is not None and train.max_epochs is not None:
         raise ConfigError(f"train: set max_steps ({train.max_steps}) or max_epochs ({train.max_epochs}), not both")

@@ -18,6 +18,7 @@ from .keys import REQUIRED, Key, _fill, edit_distance, near_miss
 from .parallelism import check_parallelism
 from .launch import LAUNCH, _check_launch, _pop_cluster_keys, world_size_of
 from .loader import LOADER, _check_loader
+from .model_paths import check_model_paths
 from .train import (OPEN_SECTIONS, TEST, TRAIN, _check_test, _check_train, checkpoint_steps,
                            resolve_logging_dir, tester_kwargs, train_kwargs)
 
@@ -83,7 +84,10 @@ def validate_config(cfg, runners=None):
     # Imported first: their modules may register the datasets, transforms... that the checks below look up.
     classes = list(runners) if runners is not None else [_import_runner(f"runners[{i}]", path)
                                                          for i, path in enumerate(cfg.runners)]
-    _check_train(cfg.train, cfg.project_dir, given_train)
+    cfg.runners = [_dotted(one) for one in cfg.runners]
+    # Runners that only test (GigaTrain's Tester) need no train keys nor training data.
+    tester_only = all(getattr(cls, "SECTION", None) == "test" for cls in classes)
+    _check_train(cfg.train, cfg.project_dir, given_train, tester_only=tester_only)
     _check_launch(cfg.launch, cfg.train)
     check_parallelism(cfg.launch, cfg.models, world_size_of(cfg.launch))
     for key, value in cluster.items():
@@ -91,7 +95,7 @@ def validate_config(cfg, runners=None):
     _check_precision_device(cfg)
     _check_test(cfg.test, cfg.project_dir)
     own_loaders = any(_overrides(cls, "get_dataloaders") for cls in classes)
-    if "train" not in cfg.dataloaders:
+    if "train" not in cfg.dataloaders and not tester_only:
         raise ConfigError(f"dataloaders.train: required key is missing{did_you_mean('train', cfg.dataloaders)}")
     for name in list(cfg.dataloaders):
         loader = cfg.dataloaders[name]
@@ -106,8 +110,8 @@ def validate_config(cfg, runners=None):
     for key in ("checkpoint_best", "eval_ema"):
         if cfg.train[key] and val is None:
             raise ConfigError(f"train.{key}: set dataloaders.val too (the data to validate on)")
-    train_data = cfg.dataloaders.train.data_or_config
-    if not own_loaders and is_streaming(train_data):
+    train_data = (cfg.dataloaders.get("train") or {}).get("data_or_config")
+    if not own_loaders and train_data is not None and is_streaming(train_data):
         check_streaming("dataloaders.train", cfg.dataloaders.train, cfg.train)
     for where, registry, supplied in (("optimizers", OPTIMIZERS, ("params",)),
                                       ("schedulers", SCHEDULERS, ("optimizer",))):
@@ -120,6 +124,7 @@ def validate_config(cfg, runners=None):
                     raise ConfigError(f"{where}[{i}]: expected a dict with 'type', got {type(entry).__name__}")
                 _check_built(f"{where}[{i}]", registry, entry, supplied=supplied)
     check_constructors(cfg)  # what the optimizers' and schedulers' own constructors refuse
+    check_model_paths(cfg.models)
     valid = cfg if isinstance(cfg, ValidConfig) else ValidConfig(cfg)  # the same sections, filled above
     settings = strategy_class(valid.launch).check_config(valid)  # what the engine refuses at set-up
     object.__setattr__(valid, "engine_settings", settings)
@@ -142,10 +147,35 @@ def _overrides(cls, method):
 
 
 def _import_runner(where, path):
+    """A runner class from its dotted path (or the class itself, given from Python); one line when it is not
+    there, with a did-you-mean among the module's classes (a name in the wrong case)."""
+    if isinstance(path, type):
+        return path
     try:
         return import_object(path)
     except Exception as e:  # the user's module may raise anything while importing
-        raise ConfigError(f"{where}: cannot import '{path}': {type(e).__name__}: {e}") from None
+        hint = ""
+        if isinstance(path, str) and "." in path and isinstance(e, ImportError):
+            module, name = path.rsplit(".", 1)
+            try:
+                names = [n for n, v in vars(import_object(module) if "." in module else
+                                            __import__(module)).items() if isinstance(v, type)]
+            except Exception:  # the module itself is missing: nothing to suggest
+                names = []
+            hint = did_you_mean(name, names)
+        raise ConfigError(f"{where}: cannot import '{path}': {type(e).__name__}: {e}{hint}") from None
+
+
+def _dotted(runner):
+    """A runner class given from Python as its dotted path where that imports back to it (config.json, worker
+    processes); a class defined in a script (__main__) stays the object."""
+    if not isinstance(runner, type) or runner.__module__ == "__main__":
+        return runner
+    path = f"{runner.__module__}.{runner.__qualname__}"
+    try:
+        return path if import_object(path) is runner else runner
+    except Exception:  # defined inside a function, or its module not importable by that name
+        return runner
 
 
 def _check_precision_device(cfg):

@@ -26,7 +26,7 @@ def offline_trainer(config, overrides=(), device="meta"):
     cfg = validate_config(cfg)  # fills the schema's defaults
     cls = next((c for c in runner_classes(cfg) if issubclass(c, Trainer)), None)
     if cls is None:
-        raise ConfigError(f"runners: {', '.join(cfg.runners)}: none is a Trainer (nothing to build a model from)")
+        raise ConfigError(f"runners: {', '.join(map(str, cfg.runners))}: none is a Trainer (nothing to build a model from)")
     trainer = cls(config=cfg, **cfg.train)
     trainer.env = Environment(rank=0, local_rank=0, world_size=1, device=torch.device(device))
     trainer.logger = logging.getLogger("giga_train")  # no log file: nothing runs

@@ -71,17 +71,20 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True, sp=No
     """The plan as a dict (what --json prints). `sp`: sequence-parallel sizes to plan DDP and FSDP at (default
     1 and the config's sp_size)."""
     from ..engine.block_classes import wrap_class_names
+    from .config_only import config_only_models
     from .memory_counts import count_parameters, optimizer_state_bytes
     from .offline import build_model, offline_trainer
     card_bytes = parse_card(card)
     trainer = offline_trainer(config, overrides, device="meta")
     cfg, train = trainer.config, trainer.config.train
     try:
-        model = build_model(trainer)
-    except Exception as e:  # e.g. transformers' from_pretrained refuses the meta device
+        with config_only_models():  # from_pretrained: the config's model, no weights read (config_only.py)
+            model = build_model(trainer)
+    except Exception as e:  # e.g. a from_pretrained whose config is neither local nor in the hub cache
         first = str(e).splitlines()[0] if str(e) else ""
         raise ConfigError(f"get_models could not build the model on the meta device ({type(e).__name__}: {first});"
-                          " plan needs a get_models that builds the model without reading its weights") from e
+                          " plan needs a get_models that builds the model without reading its weights"
+                          " (transformers' and diffusers' from_pretrained are built from their config)") from e
     fsdp = cfg.launch.get("fsdp_config") or {}
     wrap = wrap_class_names(model, fsdp) if fsdp.get("fsdp_transformer_layer_cls_to_wrap") else []
     params = count_parameters(model, wrap)
@@ -139,11 +142,15 @@ def _activations(config, overrides, engine_dtype):
     """(ActivationCount or None, a note): counted on a fresh build of the model on fake CPU tensors."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from .config_only import config_only_models
     from .memory_counts import count_activations
     from .offline import build_model, offline_trainer
     trainer = offline_trainer(config, overrides, device="cpu")
     try:
-        act = count_activations(trainer, lambda mode: build_model(trainer, fake=mode),
+        def build(mode):
+            with config_only_models():
+                return build_model(trainer, fake=mode)
+        act = count_activations(trainer, build,
                                 FakeTensorMode(allow_non_fake_inputs=True), engine_dtype=engine_dtype)
     except Exception as e:  # the project's forward may need real values (.item(), data-dependent shapes)
         first = str(e).splitlines()[0][:160] if str(e) else ""

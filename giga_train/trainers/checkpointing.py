@@ -40,6 +40,8 @@ class TrainerCheckpoints:
         """Write a checkpoint of this step (at most one save in flight: the one before is waited for, and
         its error surfaces, first)."""
         trainer = self.trainer
+        if trainer.train_config.get("dry_run"):
+            return  # a dry run writes no checkpoint (launch/dry_run.py)
         trainer.wait_for_checkpoint()
         # GigaTrain's name: checkpoint_epoch_{cur_epoch}_step_{cur_step}, cur_epoch = ceil(step / epoch_size)
         self.checkpointer.save(trainer.step, trainer.cur_epoch, trainer.checkpoint_meta(), trainer.state_dict)

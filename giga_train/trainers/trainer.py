@@ -117,6 +117,7 @@ class Trainer(Runner):
         val = self.config.dataloaders.get("val")
         if train.eval_interval and val is not None:
             self.validator = Validator(val, self.env, self.data_rank_and_world)
+            self.validator.max_batches = train.max_steps if train.get("dry_run") else None  # a dry run: a few
         elif train.eval_interval:  # a GigaTrain fork's own key too: its trainer may validate by self.kwargs
             self.print("train.eval_interval without dataloaders.val: giga-train validates nothing")
         elif val is not None:

@@ -2,6 +2,7 @@
 `dataloaders.val`, each rank a disjoint part (the Tester's RankShard), without gradients, in eval mode,
 optionally on the EMA weights; the results are averaged over every sample of every rank."""
 import contextlib
+import itertools
 import math
 
 import torch
@@ -47,6 +48,7 @@ class Validator:
         self.env = env
         self.shard = None
         rank, world = data_rank_and_world or (env.rank, env.world_size)
+        self.max_batches = None  # all of this rank's part (a dry run: a few)
 
         def batches(size, batch_size):
             if size == 0:
@@ -64,7 +66,7 @@ class Validator:
         try:
             with torch.random.fork_rng(devices), torch.no_grad(), ema_weights(trainer.ema if on_ema else None), \
                     trainer.metrics_into(results):
-                for batch, weight in zip(self.loader, self.shard.weights()):
+                for batch, weight in itertools.islice(zip(self.loader, self.shard.weights()), self.max_batches):
                     results.weight = weight  # what the hook passes to log_metric counts as much as its batch
                     with trainer.strategy.autocast():
                         out = trainer.validation_step(to_device(batch, self.env.device))

@@ -85,7 +85,9 @@ def write_shards(folder, state, process_group=None):
     Whether every shard was finite goes into the file FINITE_KEY beside them (rotation reads it)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    dcp.save({SHARDS_KEY: state}, checkpoint_id=folder, process_group=process_group)
+    from ..quiet_dcp import quiet_single_process
+    with quiet_single_process():
+        dcp.save({SHARDS_KEY: state}, checkpoint_id=folder, process_group=process_group)
     finite = [all(bool(torch.isfinite(t).all()) for v in state.values() for t in _local_parts(v)
                   if t.is_floating_point())]
     if dist.is_initialized():
