@@ -32,3 +32,26 @@ def _checkpoint_forward(module):
         return forward(*args, **kwargs)
 
     module.forward = checkpointed_forward
+
+
+CHECKPOINTING_VALUES = (False, True, "auto")
+BUDGET_UNITS = (("gib", 2**30), ("gb", 1e9), ("mib", 2**20), ("mb", 1e6), ("kib", 2**10))
+
+
+def memory_budget_bytes(value, total):
+    """train.checkpointing_memory_budget in bytes: a fraction (0, 1] of `total` (the device's memory) or a
+    size such as '60GiB', '500MiB'. Raises ValueError with the problem (the schema's one line)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if 0 < value <= 1:
+            return int(value * total) if total is not None else None
+        raise ValueError(f"{value!r} is neither a fraction of the device's memory in (0, 1] nor a size like '60GiB'")
+    text = str(value).strip().lower()
+    for unit, scale in BUDGET_UNITS:
+        if text.endswith(unit):
+            try:
+                size = float(text[:-len(unit)])
+            except ValueError:
+                break
+            if size > 0:
+                return int(size * scale)
+    raise ValueError(f"{value!r} is neither a fraction of the device's memory in (0, 1] nor a size like '60GiB'")

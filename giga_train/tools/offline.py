@@ -12,6 +12,7 @@ from ..distributed.env import Environment
 from ..errors import ConfigError
 from ..launch.runners import validated_runners
 from ..trainers import Trainer
+from ..trainers.activation_budget import ModelHolder
 
 
 def offline_trainer(config, overrides=(), device="meta"):
@@ -32,6 +33,7 @@ def offline_trainer(config, overrides=(), device="meta"):
     trainer.logger = logging.getLogger("giga_train")
     trainer._dataloaders, trainer._models, trainer._optimizers, trainer._schedulers = [], [], [], []
     trainer.step, trainer.ema, trainer._stepping = 0, None, False
+    trainer.strategy = ModelHolder(trainer)  # a forward_step that reads self.unwrapped_model sees its model
     return trainer
 
 

@@ -22,6 +22,7 @@ import torch
 from ..checkpoint.checkpointer import Checkpointer
 from ..data import as_stream, build_stream
 from ..engine.activation_checkpointing import apply_activation_checkpointing
+from ..engine.attention import attention_backend
 from ..engine.meta_start import building_context, default_init_weights, rank0_loading
 from ..engine.parallelize import parallelize
 from ..distributed.preemption import PreemptionSignals
@@ -36,6 +37,7 @@ from ..schedulers import SCHEDULERS
 from ..schema.train import train_kwargs
 from ..tracking import MetricLogger, PerfMeter, StepProfiler, hparams
 from ..tracking.metrics import MetricSums
+from .activation_budget import checkpointed_class_names
 from .best_checkpoint import BestCheckpoint
 from .checkpointing import CheckpointHooks
 from .nan_guard import NanGuard, SchedulerRewind
@@ -166,7 +168,7 @@ class Trainer(CheckpointHooks, Runner):
         train = self.train_config
         if train.activation_checkpointing and train.activation_class_names:
             for model in models or self.models:
-                apply_activation_checkpointing(model, train.activation_class_names)
+                apply_activation_checkpointing(model, checkpointed_class_names(self, model))
 
     def apply_fp8(self, models=None):
         if self.mixed_precision == "fp8":
@@ -304,7 +306,7 @@ class Trainer(CheckpointHooks, Runner):
         try:
             with self.preemption:
                 while self.step < self.max_steps:
-                    with self._perf.counting(self.step + 1):
+                    with self._perf.counting(self.step + 1), attention_backend(train.attention_backend):
                         result = self.train_step()
                     self.step += 1
                     if self._profiler:
