@@ -32,7 +32,7 @@ def overrides(project, data, **train):
 
 
 def test_blocks_checkpointed_follow_the_budget(tmp_path, data):
-    from giga_train.trainers.activation_budget import _build, offline_copy
+    from giga_train.trainers.offline_copy import build as _build, offline_copy
     from torch._subclasses.fake_tensor import FakeTensorMode
     trainer = offline_trainer(TINY, overrides(tmp_path, data, activation_checkpointing="auto"), device="cpu")
     trainer.print = lambda *a: None

@@ -12,7 +12,7 @@ from ..distributed.env import Environment
 from ..errors import ConfigError
 from ..launch.runners import validated_runners
 from ..trainers import Trainer
-from ..trainers.activation_budget import ModelHolder
+from ..trainers.offline_copy import ModelHolder
 
 
 def offline_trainer(config, overrides=(), device="meta"):

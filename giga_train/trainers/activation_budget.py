@@ -8,8 +8,6 @@ whole, so a sharded run is planned conservatively. The peak is plan's: states + 
 or a size), never more than the memory free now (torch.cuda.mem_get_info) plus what this process holds;
 unset, 88% of that (plan's fit fraction: the rest for kernel temporaries and fragmentation). The first N
 blocks in run order are checkpointed, with the smallest N whose peak fits ("Class__##__N")."""
-import copy
-import dataclasses
 import logging
 import os
 
@@ -17,37 +15,10 @@ import torch
 
 from ..engine.activation_checkpointing import memory_budget_bytes
 from .memory_counts import count_activations, count_parameters, optimizer_state_bytes
+from .offline_copy import build, offline_copy
 
 log = logging.getLogger("giga_train")
 FIT_FRACTION = 0.88  # plan's
-
-
-class ModelHolder:
-    """What a trainer's hooks ask of its strategy before there is one: unwrap() -> the model."""
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-
-    def unwrap(self):
-        return self.trainer._models[0]
-
-
-def offline_copy(trainer, device):
-    """A shallow copy of `trainer` whose hooks build on `device` and see no engine (its own model list)."""
-    shadow = copy.copy(trainer)
-    shadow.env = dataclasses.replace(trainer.env, device=torch.device(device))
-    shadow._models, shadow._dataloaders = [], []
-    shadow.strategy = ModelHolder(shadow)
-    return shadow
-
-
-def _build(trainer, context):
-    models = trainer.prepare_arguments(trainer.config)["models"]
-    with context:
-        model = trainer.get_models(models)
-    model = model[0] if isinstance(model, (list, tuple)) else model
-    trainer._models = [model]
-    return model
 
 
 def device_memory(device):
@@ -88,9 +59,9 @@ def auto_checkpointing(trainer, model, budget=None):
     from torch._subclasses.fake_tensor import FakeTensorMode
     train = trainer.train_config
     cpu = offline_copy(trainer, "cpu")
-    count = count_activations(cpu, lambda mode: _build(cpu, mode), FakeTensorMode(allow_non_fake_inputs=True))
+    count = count_activations(cpu, lambda mode: build(cpu, mode), FakeTensorMode(allow_non_fake_inputs=True))
     meta = offline_copy(trainer, "meta")
-    meta_model = _build(meta, torch.device("meta"))
+    meta_model = build(meta, torch.device("meta"))
     optimizer, _ = optimizer_state_bytes(meta, meta_model)
     params = count_parameters(model)
     states = params.bytes + params.buffer_bytes + optimizer
@@ -117,7 +88,13 @@ def checkpointed_class_names(trainer, model):
     train = trainer.train_config
     if train.activation_checkpointing != "auto":
         return train.activation_class_names
-    limits, reason = auto_checkpointing(trainer, model)
+    try:
+        limits, reason = auto_checkpointing(trainer, model)
+    except Exception as e:  # a forward_step or get_models that cannot run on fake tensors
+        first = str(e).splitlines()[0][:160] if str(e) else ""
+        limits = train.activation_class_names
+        reason = (f"activation checkpointing 'auto': could not count the activations ({type(e).__name__}: {first});"
+                  " every block checkpointed, as activation_checkpointing=True")
     trainer.print(reason)
     return limits
 

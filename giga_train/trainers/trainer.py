@@ -39,6 +39,7 @@ from ..tracking import MetricLogger, PerfMeter, StepProfiler, hparams
 from ..tracking.metrics import MetricSums
 from .activation_budget import checkpointed_class_names
 from .best_checkpoint import BestCheckpoint
+from .flop_count import model_flops_per_sample
 from .checkpointing import CheckpointHooks
 from .nan_guard import NanGuard, SchedulerRewind
 from ..compat.utils import as_list
@@ -292,6 +293,7 @@ class Trainer(CheckpointHooks, Runner):
         # FLOPs are counted in the run's first step, or its second when compiling (the first compiles)
         self._perf = PerfMeter(train, self.device, self.num_processes, self.batch_size,
                                count_at_step=self.step + (2 if train.dynamo_config else 1))
+        self._perf.use_flops_per_sample(model_flops_per_sample(self))
         self._metrics = MetricLogger(self.logging_dir, train.log_with, self.is_main_process, self.step,
                                      self.max_steps, self.batch_size, show_bar=train.progress_bar,
                                      run_name=os.path.basename(self.project_dir), config=self.config.to_dict(),
