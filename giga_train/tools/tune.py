@@ -1,9 +1,10 @@
 """`giga-train tune CONFIG [--set k=v] [--budget-s 540] [--steps N]`: a few real steps of each candidate setting
 on this machine's device, the fastest that fits printed as --set lines. `plan` is the estimate without a GPU.
 
-Candidates, most promising first (a time budget cuts the tail): activation checkpointing (False, 'auto', True
-when the config names block classes) x compile (regional, then eager), fp8 with compile where torchao and CUDA
-are present, then the fastest one with twice the micro-batch. Each runs in its own process (a crash or an
+Candidates, most promising first (a time budget cuts the tail): activation checkpointing (False, 'auto', then
+True when the config names block classes) with regional compile, fp8 with compile where torchao and CUDA are
+present, eager, then the fastest one with twice the micro-batch. With train.checkpointing_memory_budget as a
+size, a candidate that peaked above it is not chosen. Each runs in its own process (a crash or an
 out-of-memory candidate is a failed row, not a failed tune), in a temporary project folder, with no checkpoint
 written, logging every step to JSONL; the table is read from the trainer's own scalars: s/step (the median of
 the second half of the steps), samples/s, tokens/s and MFU where logged (train.count_flops is switched on),
@@ -20,6 +21,7 @@ import tempfile
 import time
 
 from ..config import load_config
+from ..engine.activation_checkpointing import memory_budget_bytes
 from ..errors import ConfigError
 
 EXPLODED_GRAD_NORM = 1e3
@@ -33,17 +35,28 @@ def candidates(cfg, fp8=False):
     checkpointing = [False, "auto", True] if names else [False]
     compiled = dict(train.get("dynamo_config") or {}) or {"backend": "inductor"}
     compiled.pop("disable", None)
-    out = []
-    for label, dynamo in (("compile", compiled), ("eager", None)):
-        for ac in checkpointing:
-            out.append((f"{label}, checkpointing={ac!r}", [f"train.dynamo_config={_literal(dynamo)}",
-                                                            f"train.activation_checkpointing={_literal(ac)}"]))
-    if fp8:
-        for ac in checkpointing:
-            out.append((f"fp8, compile, checkpointing={ac!r}",
-                        [f"train.dynamo_config={_literal(compiled)}", f"train.activation_checkpointing={_literal(ac)}",
-                         'train.mixed_precision="fp8"']))
+    budget = train.get("checkpointing_memory_budget")
+    compile_ = lambda ac: (f"compile, checkpointing={ac!r}",  # noqa: E731
+                           [f"train.dynamo_config={_literal(compiled)}", *_checkpointing(ac, budget)])
+    eager = lambda ac: (f"eager, checkpointing={ac!r}",  # noqa: E731
+                        ["train.dynamo_config=None", *_checkpointing(ac, budget)])
+    float8 = lambda ac: (f"fp8, compile, checkpointing={ac!r}",  # noqa: E731
+                         [f"train.dynamo_config={_literal(compiled)}", *_checkpointing(ac, budget),
+                          'train.mixed_precision="fp8"'])
+    cheap = [ac for ac in checkpointing if ac is not True]  # the fast ones first: checkpointing every block is slow
+    out = [compile_(ac) for ac in cheap] + ([float8(ac) for ac in cheap] if fp8 else [])
+    out += [compile_(True)] if True in checkpointing else []
+    out += [eager(ac) for ac in cheap] + ([eager(True)] if True in checkpointing else [])
+    out += [float8(True)] if fp8 and True in checkpointing else []
     return out
+
+
+def _checkpointing(value, budget):
+    """The --set lines of one checkpointing policy; the config's memory budget only where it applies."""
+    sets = [f"train.activation_checkpointing={_literal(value)}"]
+    if budget is not None and value != "auto":
+        sets.append("train.checkpointing_memory_budget=None")
+    return sets
 
 
 def _literal(value):
@@ -170,6 +183,7 @@ def tune(config, overrides=(), budget_s=540, steps=6, out=print, todo=None, grow
             result = run_candidate(config, list(overrides) + sets, steps, left, workdir,
                                    count_flops=cfg.train.get("flops_per_sample") is None)
             rows.append(dict(name=name, sets=sets, **result))
+            _over_budget(rows[-1:], cfg.train.get("checkpointing_memory_budget"))
             bar.update(1)
     finally:
         bar.close()
@@ -183,6 +197,16 @@ def tune(config, overrides=(), budget_s=540, steps=6, out=print, todo=None, grow
             f" {best['samples_per_sec']:.3g} samples/s); set:")
         out("\n".join(f"--set {shlex.quote(s)}" for s in best["sets"]))
     return rows, best
+
+
+def _over_budget(rows, budget):
+    """Rows whose peak is above a size budget (train.checkpointing_memory_budget='60GiB') are not chosen."""
+    if not isinstance(budget, str):
+        return
+    limit = memory_budget_bytes(budget, None) / 1e9
+    for row in rows:
+        if row.get("status") == "ok" and row["peak_gb"] > limit:
+            row["status"] = f"over the budget {budget}"
 
 
 def _fastest(rows):
