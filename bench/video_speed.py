@@ -8,7 +8,8 @@ init, NO + CAME8Bit, batch 1) with train-section changes only, side by side.
 Speed rows (--rows; each in its own process, 8 steps, the second half timed): "ac-eager" (checkpointing on every
 block, eager: the example's), "ac-compile", "ac10-compile" (checkpointing on the first 10 of 30 blocks),
 "compile" (no checkpointing), "fp8-compile", "fp8-ac10-compile", "auto60-compile" / "auto-compile"
-(activation_checkpointing="auto" within 60 GiB / 88% of the free memory). A row whose steps the NaN guard skipped or whose grad norm
+(activation_checkpointing="auto" within 60 GiB / 88% of the free memory), "sac-compile" (selective checkpointing of
+every block: matmul and attention outputs kept). A row whose steps the NaN guard skipped or whose grad norm
 exploded fails (bench/wan.py). MFU: model FLOPs (every matmul of the 30 blocks, attention included, forward and
 backward = 3x forward) per second against 989 TFLOP/s dense bf16. Prints the tables last; writes JSON."""
 import argparse
@@ -36,6 +37,7 @@ ROW_TRAIN = {
     "auto60-compile": dict(activation_checkpointing="auto", checkpointing_memory_budget="60GiB",
                            dynamo_config=dict(backend="inductor")),
     "auto-compile": dict(activation_checkpointing="auto", dynamo_config=dict(backend="inductor")),
+    "sac-compile": dict(activation_checkpointing="selective", dynamo_config=dict(backend="inductor")),
 }
 DEFAULT_ROWS = ("ac-eager", "compile", "ac10-compile", "fp8-compile")
 

@@ -91,3 +91,57 @@ def test_bad_budget_and_value_are_one_line(tmp_path, data, capsys):
                                 ("checkpointing_memory_budget", "'60GB'", "only used with")):
         rc = cli(["check", TINY, "--set", f"train.{key}={value}"])
         assert rc == 2 and message in capsys.readouterr().err
+
+
+def test_selective_checkpointing_recomputes_no_matmul_and_keeps_the_gradients():
+    """'selective': the blocks' matmul outputs are kept, so backward runs exactly the matmuls it runs without
+    checkpointing (full checkpointing runs the blocks' forward matmuls again); the gradients are equal."""
+    from diffusers import WanTransformer3DModel
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from giga_train.config import load_config
+    from giga_train.engine.activation_checkpointing import apply_activation_checkpointing
+
+    class CountMatmuls(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default):
+                CountMatmuls.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    arch = dict(load_config(TINY).models.transformer)
+    g = torch.Generator().manual_seed(1)
+    latents, text, target = torch.randn(2, 4, 3, 8, 8, generator=g), torch.randn(2, 16, 32, generator=g), \
+        torch.randn(2, 4, 3, 8, 8, generator=g)
+
+    def grads(mode):
+        torch.manual_seed(0)
+        model = WanTransformer3DModel(**arch)
+        if mode:
+            assert apply_activation_checkpointing(model, ["WanTransformerBlock"], selective=mode == "selective") == 2
+        out = model(hidden_states=latents, timestep=torch.tensor([500.0, 100.0]), encoder_hidden_states=text,
+                    return_dict=False)[0]
+        loss = torch.nn.functional.mse_loss(out, target)
+        CountMatmuls.calls = 0
+        with CountMatmuls():
+            loss.backward()
+        return {n: p.grad for n, p in model.named_parameters()}, CountMatmuls.calls
+
+    plain, plain_calls = grads(None)
+    full, full_calls = grads("full")
+    selective, selective_calls = grads("selective")
+    assert selective_calls == plain_calls < full_calls
+    for name, want in plain.items():
+        assert torch.allclose(selective[name], want, rtol=1e-5, atol=1e-7), name
+        assert torch.allclose(full[name], want, rtol=1e-5, atol=1e-7), name
+
+
+def test_plan_shows_the_activations_auto_leaves_on_each_row(tmp_path, data):
+    from giga_train.tools.plan import plan
+    sets = overrides(tmp_path, data, activation_checkpointing="auto")
+    act = plan(TINY, sets, gpus=(1,), card="1GiB")["activations"]["torch"]
+    roomy = plan(TINY, sets, gpus=(1,), card="1GiB")["rows"][0]
+    assert roomy["strategy"] == "NO" and roomy["activations"] == act["saved"]  # nothing checkpointed
+    tight = plan(TINY, sets, gpus=(1,), card="0.0001GiB")["rows"][0]
+    assert tight["activations"] == act["checkpointed"] and tight["fits"] is False  # every block, still too big

@@ -58,7 +58,7 @@ def parallelize(model, strategy, train, fsdp_config, make_optimizer, checkpoint=
     if checkpoint is not None:
         checkpoint(model)
     elif plan.checkpointed:
-        apply_activation_checkpointing(model, plan.checkpointed)
+        apply_activation_checkpointing(model, plan.checkpointed, selective=train.activation_checkpointing == "selective")
     if float8 is not None:
         float8(model)
     elif train.mixed_precision == "fp8":

@@ -92,6 +92,7 @@ def per_gpu(strategy, gpus, params, optimizer_bytes, mixed, ds_zero=None):
 def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True):
     """The plan as a dict (what --json prints)."""
     from ..engine.block_classes import wrap_class_names
+    from ..trainers.activation_budget import choose_blocks
     from .memory_counts import count_parameters, optimizer_state_bytes
     from .offline import build_model, offline_trainer
     card_bytes = parse_card(card)
@@ -109,7 +110,7 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True):
     optimizer_bytes, optimizer_names = optimizer_state_bytes(trainer, model)
     precision = trainer.mixed_precision or "no"
     mixed = precision != "no"
-    checkpointing = bool(train.activation_checkpointing)
+    checkpointing = train.activation_checkpointing
     accumulation = int(train.gradient_accumulation_steps or 1)
     counted, notes = {}, {}
     # Our torch strategies run the model as built under autocast; DeepSpeed's engine holds it in bf16/fp16.
@@ -126,12 +127,17 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True):
     rows = []
     for strategy in STRATEGIES:
         act = counted["deepspeed" if strategy.startswith("ZERO") else "torch"]
-        act_bytes = None if act is None else (act.checkpointed if checkpointing else act.saved)
+        # 'selective' keeps the matmul outputs, most of what is saved: planned as without checkpointing (a bound)
+        act_bytes = None if act is None else (act.checkpointed if checkpointing in (True, "auto") else act.saved)
         for count in gpus:
             row = per_gpu(strategy, count, params, optimizer_bytes, mixed, ds_zero)
             if row is None:
                 continue
             row = {k: int(v) for k, v in row.items()}
+            if checkpointing == "auto" and act is not None:  # the first blocks this card needs (trainer's rule)
+                blocks, _ = choose_blocks(act, sum(v for k, v in row.items() if k != "grads"), row["grads"],
+                                          FIT_FRACTION * card_bytes, accumulation)
+                act_bytes = act.with_first_checkpointed(blocks)
             rows.append(dict(strategy=strategy, gpus=count, configured=strategy == configured, **row,
                              activations=act_bytes,
                              **_peak(row, act_bytes, accumulation, card_bytes)))

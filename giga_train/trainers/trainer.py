@@ -169,7 +169,8 @@ class Trainer(CheckpointHooks, Runner):
         train = self.train_config
         if train.activation_checkpointing and train.activation_class_names:
             for model in models or self.models:
-                apply_activation_checkpointing(model, checkpointed_class_names(self, model))
+                apply_activation_checkpointing(model, checkpointed_class_names(self, model),
+                                               selective=train.activation_checkpointing == "selective")
 
     def apply_fp8(self, models=None):
         if self.mixed_precision == "fp8":
