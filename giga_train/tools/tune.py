@@ -7,8 +7,8 @@ present, eager, then the fastest one with twice the micro-batch. With train.chec
 size, a candidate that peaked above it is not chosen. Each runs in its own process (a crash or an
 out-of-memory candidate is a failed row, not a failed tune), in a temporary project folder, with no checkpoint
 written, logging every step to JSONL; the table is read from the trainer's own scalars: s/step (the median of
-the second half of the steps), samples/s, tokens/s and MFU where logged (train.count_flops is switched on),
-peak memory. A candidate whose steps the NaN guard skipped or whose grad norm is non-finite or above 1e3
+the second half of the steps), samples/s, tokens/s and MFU where logged (the model's FLOPs per sample are
+counted once here on fake tensors and handed to each candidate as train.flops_per_sample), peak memory. A candidate whose steps the NaN guard skipped or whose grad norm is non-finite or above 1e3
 (max_grad_norm clips the update; the norm logged is before clipping) is a failed row too."""
 import json
 import math
@@ -88,15 +88,27 @@ def fp8_available():
     return importlib.util.find_spec("torchao") is not None and torch.cuda.is_available()
 
 
-def run_candidate(config, overrides, steps, timeout, workdir, count_flops=True):
+def model_flops(config, overrides):
+    """FLOPs per sample of the config's model, counted once here on fake tensors (trainers/flop_count.py) for
+    every candidate (their MFU); None where it cannot be counted (each candidate then counts its own)."""
+    from ..trainers.flop_count import count_flops_per_sample
+    from .offline import offline_trainer
+    try:
+        trainer = offline_trainer(config, overrides, device="cpu")
+        return count_flops_per_sample(trainer, trainer.config.dataloaders.train.get("batch_size_per_gpu") or 1)
+    except Exception:
+        return None
+
+
+def run_candidate(config, overrides, steps, timeout, workdir, flops=None):
     """One candidate in its own process; a dict row (status 'ok' or why not)."""
     project = tempfile.mkdtemp(prefix="tune_", dir=workdir)
     sets = list(overrides) + [f"project_dir={project!r}", f"train.logging_dir={os.path.join(project, 'logs')!r}",
                               f"train.max_steps={steps}", "train.log_interval=1", "train.log_with='jsonl'",
                               "train.progress_bar=False", "train.resume=False", "train.checkpoint_interval=None",
                               "train.checkpoint_total_limit=None"]
-    if count_flops:
-        sets.append("train.count_flops=True")
+    if flops is not None:  # counted once by the tune (the same per sample at any micro-batch or precision)
+        sets += ["train.count_flops=False", f"train.flops_per_sample={flops!r}"]
     command = [sys.executable, "-m", "giga_train.tools.tune", WORKER_FLAG, str(config)]
     command += [x for s in sets for x in ("--set", s)]
     start = time.perf_counter()
@@ -163,6 +175,7 @@ def tune(config, overrides=(), budget_s=540, steps=6, out=print, todo=None, grow
         raise ConfigError(f"--steps: {steps}: at least 2 (the second half is timed)")
     todo = candidates(cfg, fp8_available()) if todo is None else list(todo)
     start, rows = time.perf_counter(), []
+    flops = cfg.train.get("flops_per_sample") or model_flops(config, overrides)
     workdir = tempfile.mkdtemp(prefix="giga_tune_")
     bar = tqdm(total=len(todo) + grow_micro_batch, desc="tune", unit="candidate", dynamic_ncols=True, file=sys.stderr)
     try:
@@ -180,8 +193,7 @@ def tune(config, overrides=(), budget_s=540, steps=6, out=print, todo=None, grow
                 bar.update(1)
                 continue
             bar.set_postfix_str(name)
-            result = run_candidate(config, list(overrides) + sets, steps, left, workdir,
-                                   count_flops=cfg.train.get("flops_per_sample") is None)
+            result = run_candidate(config, list(overrides) + sets, steps, left, workdir, flops)
             rows.append(dict(name=name, sets=sets, **result))
             _over_budget(rows[-1:], cfg.train.get("checkpointing_memory_budget"))
             bar.update(1)
