@@ -9,13 +9,18 @@ from ..tracking.metrics import MetricSums
 
 
 class ModelHolder:
-    """What a trainer's hooks ask of its strategy before there is one: unwrap() -> the model."""
+    """The copy's strategy: unwrap() is the copy's own model; anything else (the data rank...) the run's."""
 
-    def __init__(self, trainer):
-        self.trainer = trainer
+    def __init__(self, trainer, strategy=None):
+        self.trainer, self.strategy = trainer, strategy
 
     def unwrap(self):
         return self.trainer._models[0]
+
+    def __getattr__(self, name):
+        if self.__dict__.get("strategy") is None:
+            raise AttributeError(name)
+        return getattr(self.strategy, name)
 
 
 def offline_copy(trainer, device):
@@ -23,7 +28,7 @@ def offline_copy(trainer, device):
     shadow = copy.copy(trainer)
     shadow.env = dataclasses.replace(trainer.env, device=torch.device(device))
     shadow._models, shadow._dataloaders = [], []
-    shadow.strategy = ModelHolder(shadow)
+    shadow.strategy = ModelHolder(shadow, getattr(trainer, "strategy", None))
     if hasattr(trainer, "_metric_sink"):  # a log_metric in forward_step logs nothing of the run's
         shadow._logged_metrics = shadow._metric_sink = MetricSums(torch.device(device))
     return shadow
