@@ -41,7 +41,9 @@ def model_flops_per_sample(trainer):
     tensors; None without train.count_flops."""
     if not trainer.train_config.get("count_flops"):
         return None
-    per_micro_batch = trainer.batch_size / (trainer.num_processes * trainer.gradient_accumulation_steps)
+    # the samples one data rank's micro-batch holds (sequence-parallel ranks share theirs)
+    data_ranks = getattr(trainer, "data_rank_and_world", (0, trainer.num_processes))[1]
+    per_micro_batch = trainer.batch_size / (data_ranks * trainer.gradient_accumulation_steps)
     try:
         flops = count_flops_per_sample(trainer, per_micro_batch)
     except Exception as e:
