@@ -1,6 +1,6 @@
 """giga-train train CONFIG [--set key=value ...] [--dry-run] | check CONFIG [--set ...] [--print-config] [--out F]
-| plan CONFIG [--set ...] [--gpus 1,8] [--card h200] [--json] | convert CHECKPOINT --to full|dcp
-| export CHECKPOINT --to hf [--out DIR] [--ema] | env | --version"""
+| plan CONFIG [--set ...] [--gpus 1,8] [--card h200] [--json] | tune CONFIG [--set ...] [--budget-s 540] [--steps 6]
+| convert CHECKPOINT --to full|dcp | export CHECKPOINT --to hf [--out DIR] [--ema] | env | --version"""
 import argparse
 import sys
 
@@ -36,6 +36,12 @@ def main(argv=None):
     sub.add_argument("--sp", default=None, help="sequence-parallel sizes for DDP and FSDP, e.g. 1,2,4,8"
                      " (default 1 and launch.parallelism_config's sp_size)")
     sub.add_argument("--json", action="store_true", help="print the plan as JSON")
+    sub = commands.add_parser("tune", help="a few real steps of each candidate setting; the fastest that fits")
+    sub.add_argument("config", help="a .py/.yaml/.json file, or a dotted module path")
+    sub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config value (a Python literal, else a string); repeatable")
+    sub.add_argument("--budget-s", type=float, default=540, help="wall-clock seconds for every candidate (540)")
+    sub.add_argument("--steps", type=int, default=6, help="steps per candidate; the second half is timed (6)")
     sub = commands.add_parser("convert", help="write a checkpoint's model and optimizer state as plain files")
     sub.add_argument("checkpoint", help="a checkpoint folder (models/checkpoint_epoch_E_step_S)")
     sub.add_argument("--to", required=True, choices=("full", "dcp"),
@@ -58,6 +64,10 @@ def main(argv=None):
         if args.command == "plan":
             from .tools.plan import plan_command
             plan_command(args)
+            return 0
+        if args.command == "tune":
+            from .tools.tune import tune_command
+            tune_command(args)
             return 0
         if args.command == "export":
             from .tools.export import export

@@ -62,7 +62,7 @@ def parallelize(model, strategy, train, fsdp_config, make_optimizer, checkpoint=
     if checkpoint is not None:
         checkpoint(model)
     elif plan.checkpointed:
-        apply_activation_checkpointing(model, plan.checkpointed)
+        apply_activation_checkpointing(model, plan.checkpointed, selective=train.activation_checkpointing == "selective")
     if strategy.mesh is not None and strategy.mesh.dims.sp > 1:
         sequence_parallel(model)
     if float8 is not None:

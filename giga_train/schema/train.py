@@ -3,6 +3,8 @@ keys, their checks, the runner's kwargs, and what the trainer derives from them 
 interval)."""
 import numbers
 
+from ..engine.attention import ATTENTION_BACKENDS
+from ..engine.activation_checkpointing import CHECKPOINTING_VALUES, memory_budget_bytes
 from ..engine.block_classes import class_name_problem
 from ..engine.compile import check_dynamo_config
 from ..config import Config
@@ -34,7 +36,8 @@ TRAIN = dict(
     checkpoint_save_optimizer=Key(True, bool),  # False: only the two newest (and kept) keep the optimizer state
     checkpoint_safe_serialization=Key(True, bool),
     checkpoint_strict=Key(True, bool),
-    activation_checkpointing=Key(False, bool),
+    activation_checkpointing=Key(False, (bool, str), check=lambda v: _check_checkpointing(v)),  # True: every block
+    checkpointing_memory_budget=Key(None, (numbers.Real, str), check=lambda v: _check_budget(v)),  # for 'auto'
     activation_class_names=Key([], (list, tuple), check=_list_of(str, "a class name")),
     with_ema=Key(False, bool),
     allow_tf32=Key(True, bool),  # TF32 matmul and cuDNN on CUDA
@@ -64,6 +67,7 @@ TRAIN = dict(
     flops_per_sample=Key(None, numbers.Real, check=_positive),  # or give them (forward + backward, one sample)
     tokens_per_sample=Key(None, int, min=1),  # logs tokens_per_sec
     peak_flops=Key(None, numbers.Real, check=_positive),  # FLOP/s of one device for MFU (None: known GPUs' bf16)
+    attention_backend=Key(None, str, choices=tuple(ATTENTION_BACKENDS)),  # SDPA's kernel (None: torch's choice)
 )
 
 
@@ -174,7 +178,9 @@ def _check_train(train, project_dir, given=(), tester_only=False):
         raise ConfigError("train.checkpoint_best: set train.eval_interval too (the validations it compares)")
     if train.activation_checkpointing and not train.activation_class_names:
         raise ConfigError("train.activation_class_names: name the module classes to checkpoint"
-                          " (activation_checkpointing=True)")
+                          f" (activation_checkpointing={train.activation_checkpointing!r})")
+    if train.checkpointing_memory_budget is not None and train.activation_checkpointing != "auto":
+        raise ConfigError("train.checkpointing_memory_budget: only used with activation_checkpointing='auto'")
     if train.checkpoint_total_limit is not None and train.checkpoint_interval is None and train.max_epochs is None:
         raise ConfigError("train.checkpoint_total_limit: set checkpoint_interval too")
     if isinstance(train.resume, str) and not train.resume:
@@ -246,6 +252,20 @@ def _check_best(best):
         return f"metric: name a validation result, e.g. 'val/loss'; got {best.get('metric')!r}"
     if best.get("mode", "min") not in ("min", "max"):
         return f"mode: 'min' or 'max', got {best['mode']!r}"
+    return None
+
+
+def _check_checkpointing(value):
+    if value not in CHECKPOINTING_VALUES:
+        return f"{value!r} is not one of {', '.join(map(repr, CHECKPOINTING_VALUES))}"
+    return None
+
+
+def _check_budget(value):
+    try:
+        memory_budget_bytes(value, None)
+    except ValueError as e:
+        return str(e)
     return None
 
 

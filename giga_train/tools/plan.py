@@ -91,7 +91,7 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True, sp=No
     optimizer_bytes, optimizer_names = optimizer_state_bytes(trainer, model)
     precision = trainer.mixed_precision or "no"
     mixed = precision != "no"
-    checkpointing = bool(train.activation_checkpointing)
+    checkpointing = train.activation_checkpointing
     accumulation = int(train.gradient_accumulation_steps or 1)
     counted, notes = {}, {}
     # Our torch strategies run the model as built under autocast; DeepSpeed's engine holds it in bf16/fp16.
@@ -110,7 +110,8 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True, sp=No
     rows = []
     for strategy in STRATEGIES:
         act = counted["deepspeed" if strategy.startswith("ZERO") else "torch"]
-        act_bytes = None if act is None else (act.checkpointed if checkpointing else act.saved)
+        # 'selective' keeps the matmul outputs, most of what is saved: planned as without checkpointing (a bound)
+        act_bytes = None if act is None else (act.checkpointed if checkpointing in (True, "auto") else act.saved)
         replicas = int(mesh.get("dp_replicate_size", 1)) if strategy == configured == "FSDP" else 1
         for count in gpus:
             for size in sp_sizes:
@@ -122,6 +123,8 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True, sp=No
                     continue
                 row = {k: int(v) for k, v in row.items()}
                 act_rank = None if act_bytes is None else -(-act_bytes // size)
+                if checkpointing == "auto" and act is not None:  # the first blocks this card needs (trainer's rule)
+                    act_rank = _auto_activations(act, row, size, accumulation, card_bytes)
                 rows.append(dict(strategy=strategy, gpus=count, sp=size,
                                  configured=strategy == configured and size == int(mesh.get("sp_size", 1)),
                                  **row, activations=act_rank, **_peak(row, act_rank, accumulation, card_bytes)))
@@ -156,6 +159,18 @@ def _activations(config, overrides, engine_dtype):
         first = str(e).splitlines()[0][:160] if str(e) else ""
         return None, f"not estimated ({type(e).__name__}: {first})"
     return act, act.note
+
+
+def _auto_activations(act, row, sp, accumulation, card_bytes):
+    """Per-rank activations under activation_checkpointing='auto' on this row: the fewest first blocks
+    checkpointed whose peak fits (trainers/activation_budget.py's rule, with the card's fit fraction)."""
+    from ..trainers.activation_budget import peak_bytes
+    states = sum(v for k, v in row.items() if k != "grads")
+    for n in range(act.blocks + 1):
+        per_rank = -(-act.with_first_checkpointed(n) // sp)
+        if peak_bytes(states, row["grads"], per_rank, accumulation) <= FIT_FRACTION * card_bytes:
+            return per_rank
+    return -(-act.checkpointed // sp)
 
 
 def _peak(row, act_bytes, accumulation, card_bytes):

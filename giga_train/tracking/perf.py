@@ -32,8 +32,9 @@ def peak_memory(device):
 class PerfMeter:
     """Adds peak memory, and with a FLOPs figure tflops_per_device, tokens_per_sec and mfu, to each log step.
 
-    FLOPs per sample come from train.flops_per_sample, or with train.count_flops from one training step
-    counted by torch.utils.flop_counter (matmuls and convolutions, forward and backward, on this rank)."""
+    FLOPs per sample come from train.flops_per_sample, or with train.count_flops from the model counted once
+    before the run (use_flops_per_sample), else from one training step counted by torch.utils.flop_counter
+    (matmuls, convolutions and attention, forward and backward, on this rank)."""
 
     def __init__(self, train, device, world_size, samples_per_step, count_at_step):
         self.device, self.world_size, self.samples_per_step = device, world_size, samples_per_step
@@ -41,6 +42,11 @@ class PerfMeter:
         self.tokens_per_sample = train.get("tokens_per_sample")
         self.peak_flops = train.get("peak_flops") or device_peak_flops(device)
         self.count_at_step = count_at_step if train.get("count_flops") and self.flops_per_sample is None else None
+
+    def use_flops_per_sample(self, flops):
+        """FLOPs per sample counted before the run (trainers/flop_count.py): no step is counted then."""
+        if flops:
+            self.flops_per_sample, self.count_at_step = flops, None
 
     def counting(self, step):
         """Around the training step numbered `step` (1-based): counts its FLOPs when it is the one chosen."""

@@ -26,6 +26,7 @@ from ..data import as_stream, build_stream
 from ..distributed.preemption import PreemptionSignals
 from ..engine import strategy_class
 from ..engine.activation_checkpointing import apply_activation_checkpointing
+from ..engine.attention import attention_backend
 from ..engine.fp8 import convert_to_float8
 from ..engine.meta_start import building_context, default_init_weights, rank0_loading
 from ..engine.parallelize import parallelize
@@ -33,10 +34,12 @@ from ..errors import ConfigError
 from ..optimizers.group import OptimizerGroup
 from ..schema.train import train_kwargs
 from ..tracking.metrics import MetricSums
+from .activation_budget import checkpointed_class_names
 from .best_checkpoint import BestCheckpoint
 from .building import TRAINER_KEYWORDS, build_optimizers, build_schedulers, seed_everything, the_one_model
 from .checkpointing import TrainerCheckpoints, load_model_folders, write_config
 from .ema import EMA
+from .flop_count import model_flops_per_sample
 from .epochs import EpochClock, max_steps_by_epochs
 from .losses import LossBook
 from .nan_guard import NanGuard, SchedulerRewind
@@ -157,7 +160,8 @@ class Trainer(Runner):
         train = self.train_config
         if train.activation_checkpointing and train.activation_class_names:
             for model in models or self.models:
-                apply_activation_checkpointing(model, train.activation_class_names)
+                apply_activation_checkpointing(model, checkpointed_class_names(self, model),
+                                               selective=train.activation_checkpointing == "selective")
 
     def apply_fp8(self, models=None):
         if self.mixed_precision == "fp8":
@@ -271,6 +275,7 @@ class Trainer(Runner):
             log.info("already at step %d of %d: nothing to train", self.step, self.max_steps)
             return self._finish()
         self.run_log = RunLog(self)
+        self.run_log.perf.use_flops_per_sample(model_flops_per_sample(self))
         self.print_before_train()
         self.model.train()
         self.losses_book = LossBook(self.gradient_accumulation_steps)  # the losses since the last log line
@@ -278,7 +283,7 @@ class Trainer(Runner):
         try:
             with self.preemption:
                 while self.step < self.max_steps:
-                    with self.run_log.counting(self.step + 1):
+                    with self.run_log.counting(self.step + 1), attention_backend(self.train_config.attention_backend):
                         result = self.train_step()
                     self.step += 1
                     self.run_log.step_done(self.step)

@@ -1,0 +1,214 @@
+"""What one process's training state and one micro-batch's activations take, counted without memory:
+parameters and the optimizer's real state on the meta device (the config's own get_optimizers, stepped
+once), activations as autograd's saved tensors of one forward_step on fake tensors (FakeTensorMode: shapes
+and dtypes only, under the run's CPU autocast)."""
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from ..engine.block_classes import parse_class_names, repeated_block_classes
+from ..data import as_stream
+from ..engine.precision import AUTOCAST_DTYPES
+from ..compat.utils import as_list
+
+
+@dataclass
+class ParameterCount:
+    numel: int = 0
+    trainable_numel: int = 0
+    bytes: int = 0            # as get_models builds them (their dtypes)
+    trainable_bytes: int = 0
+    buffer_bytes: int = 0
+    by_dtype: dict = field(default_factory=dict)  # {"torch.float32": {"numel", "trainable"}}
+    units: list = field(default_factory=list)     # numel of each FSDP wrap unit (its own parameters)
+    root_numel: int = 0                           # parameters outside every wrap unit
+
+
+def count_parameters(model, wrap_classes=()):
+    count = ParameterCount()
+    in_unit = set()
+    for module in model.modules():
+        if type(module).__name__ in wrap_classes:
+            own = [p for p in module.parameters() if id(p) not in in_unit]
+            in_unit.update(id(p) for p in own)
+            count.units.append(sum(p.numel() for p in own))
+    for p in model.parameters():  # tied weights once, as named_parameters gives them
+        size = p.numel() * p.element_size()
+        row = count.by_dtype.setdefault(str(p.dtype), dict(numel=0, trainable=0))
+        row["numel"] += p.numel()
+        count.numel, count.bytes = count.numel + p.numel(), count.bytes + size
+        if p.requires_grad:
+            row["trainable"] += p.numel()
+            count.trainable_numel, count.trainable_bytes = count.trainable_numel + p.numel(), \
+                count.trainable_bytes + size
+        if id(p) not in in_unit:
+            count.root_numel += p.numel()
+    count.buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
+    return count
+
+
+def optimizer_state_bytes(trainer, model):
+    """Bytes of the optimizer state after one step: the trainer's get_optimizers over `model` (on the meta
+    device), each trainable parameter given a gradient, stepped once; every tensor in optimizer.state."""
+    trainer._models = [model]
+    optimizers = as_list(trainer.get_optimizers(_unfused(trainer.config.optimizers)))
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.empty_like(p)
+    with torch.no_grad():
+        for optimizer in optimizers:
+            optimizer.step()
+    total = sum(_tensor_bytes(state) for optimizer in optimizers for state in optimizer.state.values())
+    names = sorted({type(o).__name__ for o in optimizers})
+    return total, names
+
+
+def _unfused(configs):
+    """Optimizer configs without torch's `fused` flag, whose kernels refuse the meta device; the state
+    they keep is the same."""
+    if isinstance(configs, dict):
+        return {k: v for k, v in configs.items() if k != "fused"}
+    if isinstance(configs, (list, tuple)):
+        return [_unfused(c) for c in configs]
+    return configs
+
+
+def _tensor_bytes(value):
+    if torch.is_tensor(value):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+@dataclass
+class ActivationCount:
+    saved: int           # bytes autograd keeps for backward after one micro-batch's forward
+    checkpointed: int    # the same with each block of `block_classes` checkpointed (see below)
+    block_classes: list
+    blocks: int
+    largest_block: int   # the most one block saves (recomputed in backward under checkpointing)
+    block_inputs: int    # what checkpointing keeps of the blocks: their inputs (and RNG states)
+    note: str = ""
+    per_block: list = field(default_factory=list)         # what each block saves, in the order they run
+    per_block_inputs: list = field(default_factory=list)  # the inputs each block adds to those kept (bytes)
+    block_order: list = field(default_factory=list)       # each block's class name, in the order they run
+    rng_per_block: int = 0                                # the RNG state checkpoint keeps per block
+
+    def with_first_checkpointed(self, n):
+        """The bytes saved for backward with the first `n` blocks (in run order) checkpointed: their own
+        saves replaced by their inputs and RNG states, plus the largest of them recomputed in backward."""
+        if n <= 0 or not self.per_block:
+            return self.saved
+        n = min(n, len(self.per_block))
+        return (self.saved - sum(self.per_block[:n]) + sum(self.per_block_inputs[:n]) + self.rng_per_block * n
+                + max(self.per_block[:n]))
+
+
+def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
+    """Autograd's saved tensors of one trainer.forward_step, counted by storage (a tensor saved by several
+    ops once; parameters and buffers not: they are counted as parameters) with the run's autocast dtype;
+    with `engine_dtype` (DeepSpeed's bf16/fp16 engine) the model in that dtype, without autocast.
+
+    With checkpointing of a block class (train.activation_class_names, else the classes repeated in a
+    ModuleList), a block keeps only its inputs and recomputes its own saved tensors in backward, one block
+    at a time: checkpointed = saved - sum(block saves) + block inputs and RNG states + the largest block save.
+    Not counted: temporaries of the forward and backward kernels, the loss's gradient buffers, allocator
+    fragmentation."""
+    model = build(fake_mode)
+    if engine_dtype is not None:
+        with fake_mode:
+            _cast(model, engine_dtype)
+    train = trainer.train_config
+    classes = list(parse_class_names(train.activation_class_names)) or repeated_block_classes(model)
+    if batch is None:
+        batch = next(iter(as_stream(trainer.get_dataloaders(trainer.config.dataloaders.train), torch.device("cpu"))))
+    excluded = {_storage_key(t) for t in list(model.parameters()) + list(model.buffers())}
+    seen, per_block, inputs, stack, in_blocks = {}, [], {}, [], set()
+    first_block, order = {}, []  # input storage -> the block that first took it; each block's class
+
+    def pack(t):
+        key = _storage_key(t)
+        if key not in excluded and key not in seen:
+            seen[key] = t.untyped_storage().nbytes()
+            if stack:
+                per_block[stack[0]] += seen[key]
+                in_blocks.add(key)
+        return t
+
+    def enter(module, args, kwargs):
+        if not stack:
+            per_block.append(0)
+            order.append(type(module).__name__)
+            for t in _tensors((args, kwargs)):  # a buffer handed to each block (RoPE tables) is a buffer
+                if _storage_key(t) not in excluded:
+                    inputs.setdefault(_storage_key(t), t.untyped_storage().nbytes())
+                    first_block.setdefault(_storage_key(t), len(per_block) - 1)
+        stack.append(len(per_block) - 1)
+
+    def leave(module, args, kwargs, output):
+        stack.pop()
+
+    finished = []  # the model's own forward returned: a later failure (a .item() on the fake loss) ends nothing
+    handles = [model.register_forward_hook(lambda *_: finished.append(True))]
+    for module in model.modules():
+        if type(module).__name__ in classes:
+            handles.append(module.register_forward_pre_hook(enter, with_kwargs=True))
+            handles.append(module.register_forward_hook(leave, with_kwargs=True))
+    dtype = AUTOCAST_DTYPES.get(trainer.mixed_precision or "no") if engine_dtype is None else None
+    autocast = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    note = ""
+    try:
+        with fake_mode, autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            trainer.forward_step(batch)
+    except Exception as e:
+        if not finished or stack:
+            raise
+        note = f"forward_step stopped after the model's forward ({type(e).__name__}): counted up to there"
+    finally:
+        for handle in handles:
+            handle.remove()
+    saved = sum(seen.values())
+    # An input saved by an op outside the blocks stays in `saved` whether or not the blocks are checkpointed.
+    kept = {key: size for key, size in inputs.items() if key not in seen or key in in_blocks}
+    kept_inputs = sum(kept.values())
+    per_block_inputs = [0] * len(per_block)
+    for key, size in kept.items():
+        per_block_inputs[first_block[key]] += size
+    largest = max(per_block, default=0)
+    # torch's checkpoint also keeps the CPU RNG state of each block (to replay its dropout): 5 KB each
+    rng_one = torch.get_rng_state().numel()
+    rng = rng_one * len(per_block)
+    checkpointed = saved - sum(per_block) + kept_inputs + rng + largest if per_block else saved
+    return ActivationCount(saved, checkpointed, classes, len(per_block), largest, kept_inputs + rng, note,
+                           per_block, per_block_inputs, order, rng_one)
+
+
+def _cast(model, dtype):
+    """module.to(dtype) for fake tensors (whose .to() cannot swap a Parameter in place): floating
+    parameters and buffers replaced by cast ones, as DeepSpeed's engine casts the module."""
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None and p.is_floating_point():
+                module._parameters[name] = torch.nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+        for name, b in module._buffers.items():
+            if b is not None and b.is_floating_point():
+                module._buffers[name] = b.to(dtype)
+
+
+def _storage_key(t):
+    return t.untyped_storage()._cdata
+
+
+def _tensors(value):
+    if torch.is_tensor(value):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
