@@ -16,10 +16,6 @@ class FSDP1Strategy(FSDPStrategyBase):
     PARALLEL_NOTE = "use fsdp_version=2 (FSDP2 takes dp_replicate x dp_shard x sp)"
 
     @classmethod
-    def parallel_refusal(cls, dims):
-        return None
-
-    @classmethod
     def check_config(cls, config):
         from ..registry import OPTIMIZERS
         if config.train.with_ema:  # (rank-0 loading, a meta start, is refused with fsdp_version=1 by the schema)
