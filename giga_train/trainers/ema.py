@@ -47,9 +47,16 @@ class EMA:
                 return
             weight = live * (1.0 - self.decay)
         else:
-            s = (self._count - 1).clamp(min=0)
+            # GigaTrain's arithmetic, to the bit: the decay in float64, then shadow * decay + current * (1 - decay),
+            # each factor rounded to fp32 (as a Python float multiplying an fp32 tensor is).
+            s = (self._count.double() - 1).clamp(min=0)
             decay = torch.where(s <= 0, 0.0, torch.clamp((1 + s) / (10 + s), max=self.decay))
-            weight = (1 - decay) if live is None else live * (1 - decay)
+            if live is not None:  # a skipped step: decay 1, weight 0, the average unchanged
+                decay = torch.where(live > 0, decay, 1.0)
+            keep, take = decay.to(torch.float32), (1 - decay).to(torch.float32)
+            torch._foreach_mul_(self.shadow, keep)
+            torch._foreach_add_(self.shadow, torch._foreach_mul(current, take))
+            return
         torch._foreach_lerp_(self.shadow, current, [weight.to(torch.float32)] * len(self.shadow))
 
     def state_dict(self, module):

@@ -39,6 +39,7 @@ from ..tracking.metrics import MetricSums
 from .best_checkpoint import BestCheckpoint
 from .checkpointing import CheckpointHooks
 from .nan_guard import NanGuard, SchedulerRewind
+from . import random_streams
 from ..compat.utils import as_list
 from .runner import Runner
 from .validation import Validator
@@ -102,6 +103,7 @@ class Trainer(CheckpointHooks, Runner):
         self._stream = as_stream(self.dataloader, self.device)  # what the loop reads; checkpoints its position
         with building_context(self.config.launch, self.process_index):  # meta off rank 0 under rank-0 loading
             self._models = as_list(self.get_models(models))
+        self._built_rng = random_streams.capture()  # GigaTrain's stream goes on from here
         if len(self._models) != 1:
             raise ConfigError(f"get_models returned {len(self._models)} models: giga-train trains one module;"
                               " put several in a giga_train.ModuleDict (GigaTrain's checkpoints also hold one)")
@@ -136,7 +138,7 @@ class Trainer(CheckpointHooks, Runner):
         if train.checkpoint_best:
             self.best_checkpoint = BestCheckpoint(train.checkpoint_best, self.checkpoints.folders,
                                                   self.is_main_process)
-        seed_everything(train.seed + self.process_index)  # ranks differ from here on (dropout, noise)
+        random_streams.continue_after_build(self._built_rng, train.seed, self.process_index)
 
     def get_dataloaders(self, data_config):
         """The training data: micro-batches on the device, resumable to the exact sample."""
