@@ -72,12 +72,13 @@ class CheckpointHooks:
             if state.ema_weights is None:
                 log.warning("resume: %s holds no EMA (GigaTrain ran without with_ema); the average starts from"
                             " the weights", folder)
-            self.ema.load_state_dict(state.ema_weights or state.weights, state.ema_step)
+            self.ema.load_state_dict(state.ema_weights or state.weights, state.ema_step,
+                                  self.train_config.checkpoint_strict, folder)
         if state.precision is not None and getattr(strategy, "precision", None) is not None:
             strategy.precision.load_state_dict(state.precision)
         if state.rng is not None:
             set_rng_state(state.rng)
-        log.info("resumed GigaTrain's checkpoint %s at step %d (epoch %d)", folder, self.step, self.epoch)
+        log.info("resumed GigaTrain's checkpoint %s at step %d (epoch %d)", folder, self.step, self.cur_epoch)
 
     def _data_position(self, step):
         """The data stream's state after `step` optimizer steps from the start (GigaTrain's rule)."""

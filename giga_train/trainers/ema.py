@@ -1,7 +1,13 @@
 """The trainer's exponential moving average: over the trainable parameters in fp32 (sharded like them under
 FSDP2), updated on the device without a host sync; GigaTrain's decay warmup when asked."""
+import logging
+
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
+
+from ..errors import CheckpointError
+
+log = logging.getLogger("giga_train")
 
 
 class EMA:
@@ -66,9 +72,23 @@ class EMA:
         shadow_of = {id(p): s for p, s in zip(self.params, self.shadow)}
         return {k: shadow_of.get(id(v), v).detach() for k, v in module.state_dict(keep_vars=True).items()}
 
-    def load_state_dict(self, state, optimization_step=None):
-        """Averaged weights from a full state dict (and the update count, when given)."""
-        for name, shadow in zip(self.names, self.shadow):
+    def load_state_dict(self, state, optimization_step=None, strict=True, where="the checkpoint"):
+        """Averaged weights from a full state dict (and the update count, when given). A weight `state` lacks:
+        `strict` stops in one line naming it; otherwise (train.checkpoint_strict=False, as GigaTrain's
+        non-strict load) its average starts from the weight as it is now (loaded just before)."""
+        missing = [n for n in self.names if n not in state]
+        if missing and strict:
+            raise CheckpointError(f"{where}: the EMA lacks {len(missing)} of {len(self.names)} trained weights"
+                                  f" ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); set"
+                                  " train.checkpoint_strict=False to start their average from the weights")
+        if missing:
+            log.warning("resume: %s: the EMA lacks %d of %d trained weights (%s...); their average starts from"
+                        " the weights (train.checkpoint_strict=False)", where, len(missing), len(self.names),
+                        missing[0])
+        for name, shadow, param in zip(self.names, self.shadow, self.params):
+            if name not in state:
+                shadow.copy_(param.detach())
+                continue
             full = state[name].to(shadow.device)
             if isinstance(shadow, DTensor):  # sharded (FSDP2): keep this rank's shard of the whole tensor
                 full = distribute_tensor(full, shadow.device_mesh, shadow.placements)
