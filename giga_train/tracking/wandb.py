@@ -2,7 +2,7 @@
 WANDB_MODE=offline writes the run under {logging_dir}/wandb for a later `wandb sync`."""
 import os
 
-from .base import Tracker, tag
+from .base import Tracker, tag, tag_group
 
 
 class WandbTracker(Tracker):
@@ -12,9 +12,10 @@ class WandbTracker(Tracker):
         # GigaTrain (Accelerate's init_trackers) names the project after basename(project_dir). The config
         # goes with init: it is then in the run's first record (a later config.update is written lazily).
         self.run = wandb.init(project=run_name, dir=log_dir, config=config)
+        self.group = tag_group(config)
 
     def log(self, step, scalars):
-        self.run.log({tag(name): value for name, value in scalars.items()}, step=step)
+        self.run.log({tag(name, self.group): value for name, value in scalars.items()}, step=step)
 
     def close(self):
         self.run.finish()

@@ -10,6 +10,14 @@ from ..errors import CheckpointError
 log = logging.getLogger("giga_train")
 
 
+WRAPPED = "_checkpoint_wrapped_module."  # activation checkpointing's wrapper in a parameter's name
+
+
+def _storage(dtype):
+    """The average's dtype for a weight built in `dtype`: bf16/fp16 as built (GigaTrain's), else fp32."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
 class EMA:
     """The average of `module`'s trainable parameters, kept in fp32 (sharded like them under FSDP2).
 
@@ -17,11 +25,15 @@ class EMA:
     min((1 + s) / (10 + s), decay), s = updates so far - 1, so the first update copies the weights;
     the count of updates lives on the device and a skipped step does not advance it."""
 
-    def __init__(self, module, decay, warmup=False, optimization_step=0):
+    def __init__(self, module, decay, warmup=False, optimization_step=0, dtypes=None):
+        """`dtypes`: {name: dtype} of the weights as get_models built them; a bf16/fp16 weight's average is
+        kept (and written) in that dtype, as GigaTrain's EMAModel keeps it; fp32 otherwise."""
         self.decay, self.warmup = decay, warmup
         self.names = [n for n, p in module.named_parameters() if p.requires_grad]
         self.params = [p for p in module.parameters() if p.requires_grad]
-        self.shadow = [p.detach().float().clone() for p in self.params]
+        dtypes = {k.replace(WRAPPED, ""): v for k, v in (dtypes or {}).items()}
+        self.shadow = [p.detach().to(_storage(dtypes.get(n.replace(WRAPPED, "")))).clone()
+                       for n, p in zip(self.names, self.params)]
         device = self.params[0].device if self.params else torch.device("cpu")
         self._count = torch.full((), float(optimization_step), dtype=torch.float32, device=device)
 
@@ -47,10 +59,12 @@ class EMA:
         current = [p.detach().float() if p.dtype != torch.float32 else p.detach() for p in self.params]
         live = None if skip is None else (skip <= 0).to(torch.float32)
         self._count.add_(1.0 if live is None else live)
+        # a bf16/fp16 average is computed in fp32 and rounded once, as GigaTrain's (s.float() * d + p.float() * (1 - d))
+        shadow = [s if s.dtype == torch.float32 else s.float() for s in self.shadow]
         if not self.warmup:
             if live is None:
-                torch._foreach_lerp_(self.shadow, current, 1.0 - self.decay)
-                return
+                torch._foreach_lerp_(shadow, current, 1.0 - self.decay)
+                return self._store(shadow)
             weight = live * (1.0 - self.decay)
         else:
             # GigaTrain's arithmetic, to the bit: the decay in float64, then shadow * decay + current * (1 - decay),
@@ -60,10 +74,16 @@ class EMA:
             if live is not None:  # a skipped step: decay 1, weight 0, the average unchanged
                 decay = torch.where(live > 0, decay, 1.0)
             keep, take = decay.to(torch.float32), (1 - decay).to(torch.float32)
-            torch._foreach_mul_(self.shadow, keep)
-            torch._foreach_add_(self.shadow, torch._foreach_mul(current, take))
-            return
-        torch._foreach_lerp_(self.shadow, current, [weight.to(torch.float32)] * len(self.shadow))
+            torch._foreach_mul_(shadow, keep)
+            torch._foreach_add_(shadow, torch._foreach_mul(current, take))
+            return self._store(shadow)
+        torch._foreach_lerp_(shadow, current, [weight.to(torch.float32)] * len(shadow))
+        self._store(shadow)
+
+    def _store(self, computed):
+        for s, f in zip(self.shadow, computed):
+            if s is not f:
+                s.copy_(f)
 
     def state_dict(self, module):
         """The module's full state with the averaged weights in place of the trained ones, under every

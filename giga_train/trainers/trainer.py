@@ -37,6 +37,7 @@ from ..schema.train import train_kwargs
 from ..tracking import MetricLogger, PerfMeter, StepProfiler, hparams
 from ..tracking.metrics import MetricSums
 from .best_checkpoint import BestCheckpoint
+from .gigatrain_attributes import GigaTrainAttributes
 from .checkpointing import CheckpointHooks
 from .nan_guard import NanGuard, SchedulerRewind
 from . import random_streams
@@ -61,7 +62,7 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
-class Trainer(CheckpointHooks, Runner):
+class Trainer(GigaTrainAttributes, CheckpointHooks, Runner):
     """Runs the `train` part of a config. Override `get_models` and `forward_step`; any hook below."""
     SECTION, OWN_KEYWORDS, LOG_NAME = "train", TRAINER_KEYWORDS, "train.log"
 
@@ -104,6 +105,7 @@ class Trainer(CheckpointHooks, Runner):
         with building_context(self.config.launch, self.process_index):  # meta off rank 0 under rank-0 loading
             self._models = as_list(self.get_models(models))
         self._built_rng = random_streams.capture()  # GigaTrain's stream goes on from here
+        self._built_dtypes = {n: p.dtype for n, p in self._models[0].named_parameters()}  # the EMA's (GigaTrain's)
         if len(self._models) != 1:
             raise ConfigError(f"get_models returned {len(self._models)} models: giga-train trains one module;"
                               " put several in a giga_train.ModuleDict (GigaTrain's checkpoints also hold one)")
@@ -162,7 +164,8 @@ class Trainer(CheckpointHooks, Runner):
         """With train.with_ema: the moving average of the trainable weights (sharded as the model is)."""
         if self.train_config.with_ema:
             # GigaTrain's decay warm-up, min((1 + s) / (10 + s), ema_decay): the first update copies the weights
-            self.ema = EMA(self.unwrapped_model, self.train_config.ema_decay, warmup=True)
+            self.ema = EMA(self.unwrapped_model, self.train_config.ema_decay, warmup=True,
+                           dtypes=getattr(self, "_built_dtypes", None))
 
     def apply_activation_checkpointing(self, models=None):
         train = self.train_config

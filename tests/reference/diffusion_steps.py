@@ -89,6 +89,8 @@ if True:  # one class, the runner the config names
     class DenoiserTrainer(Trainer):
         def get_models(self, model_config):
             model = Denoiser(lora=bool(model_config.get('lora', False)))
+            if model_config.get('bf16'):  # built in bf16, as projects cast a transformer
+                model.to(torch.bfloat16)
             params = [p for p in model.parameters() if p.requires_grad]
             for p in params:
                 p.register_hook(self._grad_hook)
@@ -100,14 +102,15 @@ if True:  # one class, the runner the config names
             return grad
 
         def forward_step(self, batch_dict):
-            latents = batch_dict['latents'].to(self.device)
-            cond = batch_dict['cond'].to(self.device)
-            weights = torch.cat([p.detach().reshape(-1) for p in self.model.parameters()])
+            dtype = next(self.model.parameters()).dtype
+            latents = batch_dict['latents'].to(self.device, dtype)
+            cond = batch_dict['cond'].to(self.device, dtype)
+            weights = torch.cat([p.detach().float().reshape(-1) for p in self.model.parameters()])
             noise = torch.randn_like(latents)
-            t = torch.rand(latents.shape[0], device=latents.device)
+            t = torch.rand(latents.shape[0], device=latents.device, dtype=dtype)
             noisy = (1 - t)[:, None, None, None, None] * latents + t[:, None, None, None, None] * noise
             pred = self.model(noisy, t, cond)
-            loss = (pred - (noise - latents)).pow(2).mean()
+            loss = (pred - (noise - latents)).float().pow(2).mean()
             RECORD['steps'].append(dict(loss=loss.item(), grad_sq=0.0, indices=[int(i) for i in batch_dict['index']],
                                         weights=hashlib.sha256(weights.numpy().tobytes()).hexdigest()[:16]))
             return dict(mse=loss)
@@ -126,10 +129,11 @@ def run(case):
         dataloaders=dict(train=dict(data_or_config=dict(_class_name='TinyLatents', size=10, seed=0),
                                     batch_size_per_gpu=2, num_workers=0, transform=None,
                                     sampler=dict(type='DefaultSampler', shuffle=True))),
-        models=dict(lora=bool(case.get('lora', False))),
+        models=dict(lora=bool(case.get('lora', False)), bf16=bool(case.get('bf16', False))),
         optimizers=dict(type='AdamW', lr=0.01, weight_decay=0.01),
         schedulers=dict(type='ConstantScheduler'),
         train=dict(max_steps=int(case.get('steps', 6)), log_interval=1, checkpoint_interval=100,
+                   checkpoint_safe_serialization=True,
                    with_ema=True, max_grad_norm=1.0, seed=1234),
     )
     from giga_train import load_config
@@ -148,7 +152,17 @@ def run(case):
         ema = trainer.ema.state_dict(model)
     ema_state = {k: v.detach().float().reshape(-1).tolist() for k, v in ema.items()
                  if isinstance(v, torch.Tensor) and v.is_floating_point()}
-    return dict(steps=RECORD['steps'], weights=state, ema=ema_state)
+    saved = {}  # the dtypes of the EMA folder GigaTrain's layout writes: <model_name>_ema/
+    from safetensors import safe_open
+    for root, _, files in os.walk(os.path.join(project_dir, 'models')):
+        for f in files:
+            if f.endswith('.safetensors') and os.path.basename(root).endswith('_ema'):
+                with safe_open(os.path.join(root, f), 'pt') as st:
+                    saved[os.path.relpath(os.path.join(root, f), project_dir).split('/', 2)[-1]] = sorted(
+                        {str(st.get_slice(k).get_dtype()) for k in st.keys()})
+    return dict(steps=RECORD['steps'], weights=state, ema=ema_state,
+                ema_dtypes=sorted({str(v.dtype) for v in ema.values() if isinstance(v, torch.Tensor)}),
+                ema_files=saved)
 
 
 if __name__ == '__main__':
