@@ -1,4 +1,4 @@
-# `make demo` and `make test` each set up .venv first (CPU torch from this machine's disk by default).
+# `make demo` and `make test` each set up .venv first; `make test` runs ruff (pyproject's [tool.ruff]), then pytest (CPU torch from this machine's disk by default).
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 # triton runs the Triton kernels' tests on the CPU (TRITON_INTERPRET=1): installed with a CPU torch only (a
@@ -35,7 +35,8 @@ demo: $(VENV)/.installed
 # giga_datasets (the `gigatrain` extra) is not installed in .venv: its torchvision import fails beside the
 # CPU torch (the registry's torchvision wheels are CUDA builds). tests/test_giga_datasets.py runs our package
 # under .venv-gigatrain's Python instead (torch 2.14.1 + torchvision 0.29.1, CUDA builds that run on the CPU),
-# this repository first on PYTHONPATH so that our giga_train shadows GigaTrain's (README, "giga_datasets").
+# this repository first on PYTHONPATH so that our giga_train shadows GigaTrain's (docs/guide.md, "Data through giga_datasets").
 test: $(VENV)/.installed $(VENV)/.triton
+	$(VENV)/bin/ruff check giga_train tests bench examples
 	$(PY) -c "from tests.reference import harness; harness.reference_python()" > .venv-gigatrain.log 2>&1 &
 	$(PY) -m pytest -q

@@ -12,6 +12,7 @@ after warm-up (wall clock on CPU). Drift: |theta_8bit - theta_fp32| / |theta_fp3
 30 steps of heavy-tailed gradients (Student-t, df=2) whose rows differ 1000x in scale.
 """
 import argparse
+import functools
 import gc
 import json
 import math
@@ -430,7 +431,7 @@ def copy_bandwidth(device, nbytes=2 << 30):
         return {}
     src = torch.empty(nbytes // 4, device=device)
     dst = torch.empty_like(src)
-    ms = Timer(device)(lambda: dst.copy_(src), 10)
+    ms = Timer(device)(functools.partial(dst.copy_, src), 10)
     del src, dst
     torch.cuda.empty_cache()
     return {"device-to-device copy TB/s": 2 * nbytes / ms / 1e9}

@@ -6,6 +6,7 @@ from .data import DefaultSampler
 from .data.samplers import ParallelBatchSampler, build_sampler
 from .launch.launcher import launch_from_config
 from .engine.meta_start import load_safetensors_shards
+from .engine.sequence_parallel import attention as sequence_parallel_attention
 from .compat.ema_model import EMAModel
 from .errors import ConfigError
 from .module_dict import ModuleDict
@@ -23,4 +24,4 @@ __all__ = ["Trainer", "Tester", "ModuleDict", "launch_from_config", "load_config
            "ConfigError", "DefaultSampler", "TRANSFORMS", "DATASETS", "SAMPLERS", "OPTIMIZERS", "SCHEDULERS",
            "Registry", "build_module", "merge_params", "build_optimizer", "build_scheduler", "build_sampler",
            "build_transform", "ParallelBatchSampler", "EMAModel", "module_auto_wrap_policy", "ssh_copy_id",
-           "utils", "load_safetensors_shards"]
+           "utils", "load_safetensors_shards", "sequence_parallel_attention"]

@@ -22,6 +22,8 @@ def main(argv=None):
                      help="override a config value (a Python literal, else a string); repeatable")
     sub.add_argument("--gpus", default="1,8", help="GPU counts to plan for (default 1,8)")
     sub.add_argument("--card", default="h200", help="the GPU: h200, h100, a100 or a size such as 80GiB")
+    sub.add_argument("--sp", default=None, help="sequence-parallel sizes for DDP and FSDP, e.g. 1,2,4,8"
+                     " (default 1 and launch.parallelism_config's sp_size)")
     sub.add_argument("--json", action="store_true", help="print the plan as JSON")
     sub = commands.add_parser("convert", help="write a checkpoint's model and optimizer state as plain files")
     sub.add_argument("checkpoint", help="a checkpoint folder (models/checkpoint_epoch_E_step_S)")

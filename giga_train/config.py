@@ -1,4 +1,6 @@
 """Load a config (.py / .yaml / .json / dotted module), apply `--set` overrides, give attribute access."""
+from __future__ import annotations
+
 import ast
 import copy
 import importlib
@@ -7,6 +9,7 @@ import os
 import pprint
 import runpy
 import sys
+from typing import Any
 
 from .errors import ConfigError
 
@@ -41,12 +44,12 @@ class Config(dict):
     def __delattr__(self, key):
         del self[key]
 
-    def setdefault(self, k, d=None):
+    def setdefault(self, k, d=None) -> Any:
         if k not in self:
             self[k] = d
         return self[k]
 
-    def update(self, e=None, **f):
+    def update(self, e=None, **f) -> Config:
         """Merge: a dict value merges into a section of that name (recursively) unless it has
         `__force__=True`; every other value replaces. Returns self (GigaTrain's chaining)."""
         for k, v in dict(e or {}, **f).items():
@@ -60,26 +63,26 @@ class Config(dict):
                 self[k] = v
         return self
 
-    def pop(self, k, d=None):
+    def pop(self, k, d=None) -> Any:
         return super().pop(k, d)
 
-    def copy(self):
+    def copy(self) -> Config:
         return copy.deepcopy(self)
 
     def __deepcopy__(self, memo):
         return Config({k: copy.deepcopy(v, memo) for k, v in self.items()})
 
-    def to_dict(self, tuple_as_list=False):
+    def to_dict(self, tuple_as_list=False) -> dict:
         return _unwrap(self, tuple_as_list)
 
     @property
-    def pretty_text(self):
+    def pretty_text(self) -> str:
         return pprint.pformat(self.to_dict())
 
     def __str__(self):
         return f"Config:\n{self.pretty_text}"
 
-    def save(self, filename):
+    def save(self, filename) -> None:
         """Write to .json (tuples kept as ['__tuple__', ...]), .yaml/.yml; the folder is made."""
         folder = os.path.dirname(os.path.abspath(filename))
         os.makedirs(folder, exist_ok=True)
@@ -95,11 +98,11 @@ class Config(dict):
             raise ConfigError(f"{filename}: cannot save a config as '{ext}' (use .json, .yaml or .yml)")
 
     @classmethod
-    def load(cls, filename):
+    def load(cls, filename) -> Config:
         """A Config from a file (.py/.json/.yaml/.yml) or a module path (`configs.exp1.config`)."""
         return _load_source(filename)
 
-    def merge_from_file(self, filename):
+    def merge_from_file(self, filename) -> Config:
         return self.update(Config.load(filename))
 
 
@@ -127,10 +130,11 @@ def _unwrap(value, tuple_as_list=False):
     return value
 
 
-def load_config(config_or_path, overrides=()):
+def load_config(config_or_path, overrides=()) -> Config:
     """A Config from a file path, a dotted module path (`configs.exp1.config`), a project folder (the
     config.json a run saved there), or a dict. A Config comes back as it is (GigaTrain's), unless
     there are overrides to apply; a plain dict is copied."""
+    work_dir_on_path()
     if isinstance(config_or_path, Config) and not overrides:
         return config_or_path
     if isinstance(config_or_path, dict):
@@ -149,6 +153,14 @@ def load_config(config_or_path, overrides=()):
     return cfg
 
 
+def work_dir_on_path():
+    """The working directory first on sys.path (GigaTrain's setup_environment), whatever the config's form:
+    the `runners` a saved config.json, a YAML file or a module names resolve from the project root, as they
+    do for `python -m` (the ranks are started so)."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 def _load_source(source):
     ext = os.path.splitext(source)[1].lower()
     if ext in (".py", ".yaml", ".yml", ".json") or os.sep in source:
@@ -160,10 +172,11 @@ def _load_source(source):
 
 def _load_file(path, ext):
     if ext == ".py":
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())  # so `runners` and imports in the config resolve from here
         try:
             namespace = runpy.run_path(path)
+        except SystemExit as e:  # sys.exit() or exit() in the config: nothing to train, and not a success
+            raise ConfigError(f"{path}: the config called sys.exit({e.code!r}) while loading; a config file must"
+                              " define `config`, not exit") from None
         except SyntaxError as e:
             raise ConfigError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
         except Exception as e:
@@ -195,14 +208,15 @@ def _load_file(path, ext):
 
 def _load_module(path):
     """`pkg.module.config` (an attribute) or `pkg.module` (which defines `config`)."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     module_name, _, attr = path.rpartition(".")
     candidates = [(module_name, attr)] if module_name else []
     candidates.append((path, "config"))
     for name, attr in candidates:
         try:
             module = importlib.import_module(name)
+        except SystemExit as e:
+            raise ConfigError(f"{path}: the module called sys.exit({e.code!r}) while loading; a config must"
+                              " define `config`, not exit") from None
         except ModuleNotFoundError as e:
             if e.name and name.startswith(e.name):
                 continue
@@ -229,6 +243,9 @@ def apply_override(cfg, item):
     if not sep or not key.strip():
         raise ConfigError(f"--set '{item}': expected KEY=VALUE, e.g. train.max_steps=100")
     parts = key.strip().split(".")
+    if not all(part and part == part.strip() for part in parts):
+        raise ConfigError(f"--set '{item}': '{key.strip()}' has an empty or blank part between its dots"
+                          " (expected e.g. train.max_steps=100)")
     node = cfg
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)

@@ -29,6 +29,11 @@ class CorruptCheckpointError(CheckpointError):
     """A checkpoint file is missing, truncated or does not match the checksum recorded at its save."""
 
 
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint, or a folder made from one (convert, export), could not be written: a full disk, a
+    quota, a file-size limit, permissions. One line naming the folder; nothing half-written is left."""
+
+
 class ProjectLockedError(CheckpointError):
     """Another live run holds the project_dir, or it cannot be written."""
 

@@ -1,4 +1,6 @@
 """ModuleDict: several modules trained as one unit; `model("name", ...)` runs that member's forward."""
+from typing import Any
+
 from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys
 
@@ -13,7 +15,7 @@ class ModuleDict(nn.ModuleDict):
     # that maps its keys there); None: torch's one load over the whole dict.
     load_state_dict_mode = None
 
-    def __init__(self, modules=None, **named):
+    def __init__(self, modules=None, **named) -> None:
         super().__init__({**(modules or {}), **named})
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
@@ -36,7 +38,7 @@ class ModuleDict(nn.ModuleDict):
                                f"'each'): missing {missing[:5]}, unexpected {unexpected[:5]}")
         return _IncompatibleKeys(missing, unexpected)
 
-    def forward(self, name, *args, **kwargs):
+    def forward(self, name, *args, **kwargs) -> Any:
         if name not in self:
             raise KeyError(f"ModuleDict has no member '{name}' (members: {', '.join(self.keys())})")
         return self[name](*args, **kwargs)

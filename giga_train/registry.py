@@ -9,6 +9,7 @@ import copy
 import difflib
 import importlib
 import inspect
+from typing import Any
 
 from .errors import RegistryError
 
@@ -84,7 +85,7 @@ class Registry(dict):
             return target
         return add if obj is None else add(obj)
 
-    def register_module(self, module_class, module_name=None, force=False):
+    def register_module(self, module_class, module_name=None, force=False) -> type:
         """GigaTrain's direct form: register `module_class` (as `module_name`) and return it."""
         return self.register(module_class, name=module_name, force=force)
 
@@ -143,7 +144,7 @@ class Registry(dict):
         return f"Registry({self.name!r}: {', '.join(self.names())})"
 
 
-def merge_params(params_or_type, **kwargs):
+def merge_params(params_or_type, **kwargs) -> dict:
     """GigaTrain's merge: a type name or a config dict, plus keyword arguments, as one kwargs dict.
 
     A name the config and the keywords both give is an error (the config is deep-copied, never changed)."""
@@ -171,7 +172,7 @@ def pop_type(params):
     return found
 
 
-def build_module(registry, params_or_type, *args, **kwargs):
+def build_module(registry, params_or_type, *args, **kwargs) -> Any:
     """GigaTrain's builder: `registry[type](*args, **merged)`, or None when no type is named."""
     params = merge_params(params_or_type, **kwargs)
     obj_type = pop_type(params)
@@ -180,7 +181,7 @@ def build_module(registry, params_or_type, *args, **kwargs):
     return registry.get(obj_type)(*args, **params)
 
 
-def build_transform(params_or_type, *args, **kwargs):
+def build_transform(params_or_type, *args, **kwargs) -> Any:
     """GigaTrain's call form: a transform from TRANSFORMS (None when no type is named)."""
     return build_module(TRANSFORMS, params_or_type, *args, **kwargs)
 

@@ -45,3 +45,32 @@ def test_data_that_cannot_make_a_batch_is_one_line(tmp_path, capsys, extra, expe
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"giga-train: error: {expected}") and "\n" not in err, err
     assert not (tmp_path / "project" / "models").exists()
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("optimizers.lr=-1", "optimizers: AdamW refuses its values: Invalid learning rate: -1"),
+    ("optimizers.weight_decay=-0.1", "optimizers: AdamW refuses its values: Invalid weight_decay value: -0.1"),
+    ("optimizers.betas=(0.9,1.0)", "optimizers: AdamW refuses its values: Invalid beta parameter at index 1: 1.0"),
+    ("optimizers.betas=(-0.1,0.99)", "optimizers: AdamW refuses its values: Invalid beta parameter at index 0"),
+    ("optimizers.lr=1e400", "optimizers.lr: inf is not a value this key can take"),
+    ("schedulers.warmup_steps=-5", "schedulers: WarmupCosineScheduler refuses its values: warmup_steps must be >= 0"),
+    ("schedulers.end_value=-1", "schedulers.end_value: -1 would make the lr negative"),
+    ("train..max_steps=9", "--set 'train..max_steps=9': 'train..max_steps' has an empty or blank part"),
+    ("train. max_steps=9", "--set 'train. max_steps=9': 'train. max_steps' has an empty or blank part"),
+])
+@pytest.mark.parametrize("command", ["check", "train"])
+def test_what_a_constructor_refuses_is_one_line_at_check_time(tmp_path, capsys, command, override, expected):
+    """The optimizer's and scheduler's own refusals (and values they accept but cannot train with: an inf
+    lr, a negative end_value), and a --set key with an empty part, are one line before anything runs."""
+    assert main([command, write_config(tmp_path), "--set", override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"giga-train: error: {expected}") and "\n" not in err, err
+    assert not (tmp_path / "project").exists()
+
+
+def test_a_split_optimizer_list_is_checked_entry_by_entry(tmp_path, capsys):
+    extra = ('config["optimizers"] = [dict(type="AdamW", lr=1e-3), dict(type="SGD", lr=0.1, momentum=-1)]\n'
+             'config["models"] = dict(config["models"])')
+    assert main(["check", write_config(tmp_path, extra)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("giga-train: error: optimizers[1]: SGD refuses its values: Invalid momentum value: -1"), err

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from bench.llama import Llama, shape_of
+from examples.llama.model import Llama, shape_of
 from examples.char_lm.model import CharLM
 from giga_train import launch_from_config
 from giga_train.engine.compile import block_classes, check_dynamo_config, compile_model, with_inductor_workarounds

@@ -1,7 +1,6 @@
 """EMAModel (GigaTrain's API and decay warmup, equal to GigaTrain 1.1.0's numbers) and the trainer's EMA."""
 import json
 
-import pytest
 import torch
 
 from giga_train import EMAModel

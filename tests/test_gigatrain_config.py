@@ -23,6 +23,13 @@ def checked(tmp_path, launch=None, **train):
     return cfg
 
 
+def checked_config(cfg):
+    """The config as validation fills it."""
+    cfg = load_config(cfg)
+    result = validated_runners(cfg)
+    return result if isinstance(result, dict) and "dataloaders" in result else cfg
+
+
 def refused(tmp_path, message, launch=None, edit=None, **train):
     cfg = tiny_config(tmp_path / "run", **train)
     if launch is not None:
@@ -234,10 +241,34 @@ def keep_all(all_data_list, **kwargs):
 
 @pytest.mark.parametrize("data", ["/data/packed", ["/data/a", "/data/b"],
                                   [dict(_class_name="CountingDataset", size=4), "/data/b"]])
-def test_data_or_config_forms(tmp_path, data):
+def test_data_or_config_forms_pass_the_checks_unchanged(tmp_path, data):
+    """A folder, a list of folders, a list of a config and a folder: accepted as written (a folder is opened
+    when the loader is built, by giga_datasets)."""
     cfg = tiny_config(tmp_path / "run")
     cfg["dataloaders"]["train"]["data_or_config"] = data
-    validated_runners(load_config(cfg))
+    cfg = checked_config(cfg)
+    assert cfg.dataloaders.train.data_or_config == data
+
+
+def test_data_or_config_forms_open_as_gigatrain_opens_them(tmp_path):
+    """Our datasets by config, alone or as a list (a ConcatDataset of them); a missing folder is one line; a
+    folder needs giga_datasets, named in one line when it cannot be imported."""
+    import importlib.util
+
+    import torch
+
+    from giga_train.data.loader import build_dataset
+    one = build_dataset(dict(_class_name="CountingDataset", size=4))
+    assert [int(one[i]["index"]) for i in range(len(one))] == [0, 1, 2, 3]
+    both = build_dataset([dict(_class_name="CountingDataset", size=4), dict(type="CountingDataset", size=2)])
+    if importlib.util.find_spec("giga_datasets") is None:
+        assert type(both) is torch.utils.data.ConcatDataset
+    assert len(both) == 6 and [int(both[i]["index"]) for i in range(6)] == [0, 1, 2, 3, 0, 1]
+    with pytest.raises(ConfigError, match=r"^data_or_config\[1\]: no dataset folder or config file '/data/b'$"):
+        build_dataset([dict(_class_name="CountingDataset", size=4), "/data/b"])
+    if importlib.util.find_spec("giga_datasets") is None:
+        with pytest.raises(ConfigError, match="data_or_config: needs the giga-datasets package"):
+            build_dataset(str(tmp_path))
 
 
 def test_data_or_config_bad_forms(tmp_path):
@@ -308,7 +339,7 @@ def test_gpu_ids_per_machine(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("key, value, message", [
     ("tpu_name", "x", "launch.tpu_name: TPU only; remove it"),
-    ("parallelism_config", dict(parallelism_config_tp_size=2), "launch.parallelism_config: tensor/context"),
+    ("parallelism_config", dict(parallelism_config_tp_size=2), "launch.parallelism_config.tp_size=2: tensor parallelism"),
     ("megatron_lm_config", dict(megatron_lm_tp_degree=2), "launch.megatron_lm_config: Megatron-LM"),
     ("fp8_config", dict(fp8_backend="TE"), "launch.fp8_config: fp8 is a train setting here"),
     ("enable_cpu_affinity", True, "launch.enable_cpu_affinity: pinning ranks"),

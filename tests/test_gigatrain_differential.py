@@ -6,7 +6,7 @@ Exact: the lr of every step, the samples of every micro-batch, the scalar proper
 names and their model layout (member folders, config.json, `<name>_ema/`, which checkpoints keep optimizer
 state); GigaTrain's own Trainer.load_checkpoint reads our model folders. Within 1e-5 relative: the losses (the two venvs run different torch builds, 2.14.1 and 2.13.0; on
 this CPU they have agreed to the last bit). The hook sequence is GigaTrain's up to the differences listed in
-DIFFERENT_HOOKS (and in the README's table)."""
+DIFFERENT_HOOKS (and in docs/GIGATRAIN.md's table)."""
 import os
 import re
 
@@ -98,7 +98,7 @@ OPTIMIZER_STATE = {"optimizer.bin", "optimizer_dcp/"}  # Accelerate's, ours
 
 def model_layout(tree):
     """{checkpoint: sorted model-layout paths}, weights as safetensors: GigaTrain's default is pickled .bin,
-    ours safetensors unless checkpoint_safe_serialization=False (README, Coming from GigaTrain)."""
+    ours safetensors unless checkpoint_safe_serialization=False (docs/GIGATRAIN.md, Coming from GigaTrain)."""
     found = {}
     for path in tree:
         m = MODEL_LAYOUT.match(path.replace(".bin", ".safetensors"))

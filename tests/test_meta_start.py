@@ -1,7 +1,6 @@
 """Meta-device start under FSDP2 (2 gloo ranks): rank-0 loading (fsdp_cpu_ram_efficient_loading) and a meta
 model filled from safetensors shard by shard hold the same weights and buffers after sharding, and after 4
 steps, as a normal start; the strategies that cannot start from meta, and FSDP1, say so in one line."""
-import os
 
 import pytest
 import torch

@@ -5,7 +5,7 @@ import socket
 import subprocess
 import sys
 
-from tests.distributed import assert_same_weights, final_weights, job, reference
+from tests.distributed import assert_same_weights, final_weights, reference
 
 MACHINE = """
 import sys

@@ -310,3 +310,39 @@ def test_two_ranks_device_skip_one_sees_nan_both_skip(tmp_path, monkeypatch, str
                        r" stopped, nothing saved; newest good checkpoint: .*checkpoint_epoch_1_step_2$"):
         launch_from_config(cfg)
     assert [s for s, _ in list_checkpoints(str(tmp_path / "stop" / "models"))] == [2]
+
+
+def test_fp16_overflow_skips_are_counted_and_a_run_that_cannot_step_stops(tmp_path, monkeypatch):
+    """fp16, the gradients non-finite from step 3 on (the loss finite): each step is the loss scaler's skip,
+    counted as skipped (nan_skipped) and not stepping the scheduler; the scale halves from 2**16 each time,
+    and the 17th skip in a row takes it below its floor 1: one line, nothing saved past a good checkpoint."""
+    monkeypatch.setenv("GT_NAN_GRAD", ",".join(str(s) for s in range(3, 41)))
+    cfg = config(tmp_path / "floor", "NanTrainer", max_steps=40, checkpoint_interval=4, mixed_precision="fp16",
+                 with_ema=False)
+    with pytest.raises(TrainingStopped, match=r"^step 19: fp16 gradients inf or nan in every step since step 3 \(17"
+                       r" skipped, no update; the loss scale fell to 0.5, below its floor 1\): nothing trains;"
+                       r" stopped, nothing saved; newest good checkpoint: .*checkpoint_epoch_1_step_16$"):
+        launch_from_config(cfg)
+    assert [s for s, _ in list_checkpoints(str(tmp_path / "floor" / "models"))] == [4, 8, 12, 16]
+    assert_equal(weights(tmp_path / "floor", 4), weights(tmp_path / "floor", 16))  # no update after step 2
+    text = (tmp_path / "floor" / "logs" / "train.log").read_text()
+    assert "step 2 | total_loss" in text and "step 10 | grad_norm nan | lr 0.0012 | nan_skipped 1 |" in text
+
+    monkeypatch.setenv("GT_NAN_GRAD", "3,4,5,6,7,8")
+    cfg = config(tmp_path / "row", "NanTrainer", max_steps=8, checkpoint_interval=4, mixed_precision="fp16",
+                 with_ema=False, max_overflow_steps=4)
+    with pytest.raises(TrainingStopped, match=r"^step 6: .* \(4 skipped, no update; train.max_overflow_steps=4\)"):
+        launch_from_config(cfg)
+
+    monkeypatch.setenv("GT_NAN_GRAD", "3,4")  # two skips: the run goes on, the schedule counts 6 updates
+    run = launch_from_config(config(tmp_path / "two", "NanTrainer", max_steps=8, mixed_precision="fp16",
+                                    with_ema=False))
+    assert run.step == 8 and run.scheduler.last_epoch == 6
+    assert run.strategy.precision.scaler.get_scale() == 2.0 ** 14
+    text = (tmp_path / "two" / "logs" / "train.log").read_text()
+    assert "step 3 | grad_norm nan | lr 0.0012 | nan_skipped 1 |" in text and "step 5 | total_loss" in text
+
+
+def test_max_overflow_steps_is_validated(tmp_path):
+    with pytest.raises(ConfigError, match="max_overflow_steps"):
+        launch_from_config(config(tmp_path, "NanTrainer", max_overflow_steps=0))

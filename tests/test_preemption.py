@@ -77,6 +77,6 @@ def test_one_process_preempted(tmp_path, uninterrupted):
 
 def test_signal_to_the_whole_job_spares_the_data_workers(tmp_path, uninterrupted):
     """SLURM signals every process of the job: DataLoader workers must not die of it mid-epoch."""
-    trainer = preempt_then_resume(tmp_path, 1, "SIGTERM:group", at=4, num_workers=2)
+    preempt_then_resume(tmp_path, 1, "SIGTERM:group", at=4, num_workers=2)
     got, expected = final_weights(tmp_path), uninterrupted(1)
     assert all(torch.equal(got[k], expected[k]) for k in expected)

@@ -71,8 +71,9 @@ def test_resuming_an_older_checkpoint_never_deletes_newer_ones(tmp_path):
     aside = sorted(n for n in os.listdir(models) if ".superseded_" in n)
     assert aside == [f"checkpoint_epoch_1_step_{s}.superseded_0" for s in (3, 4, 5)]
     assert [read_meta(str(models / n))["save_id"] for n in aside] == [old_ids[s] for s in (3, 4, 5)]
-    # this run's own history (5 <- 4 <- 3 <- the resumed 2 <- 1) is rotated to total_limit=1
-    assert steps(tmp_path) == [5, 6]
+    # this run's own history (5 <- 4 <- 3 <- the resumed 2 <- 1) is rotated to total_limit=1, but for the
+    # checkpoint it branched from (the set-aside 3, 4, 5 descend from it too)
+    assert steps(tmp_path) == [2, 5, 6]
     assert trainer.checkpoints.latest() == str(models / "checkpoint_epoch_1_step_5")  # newest by write order
     assert read_meta(trainer.checkpoints.latest())["parent"] is not None
 

@@ -1,7 +1,6 @@
 """`giga-train convert` on the DeepSpeed checkpoints it used to fail on: ZeRO-3 (its model-states file is
 zero_pp_rank_N_mp_rank_00_model_states.pt) and ZeRO-0 in bf16 (DeepSpeed's wrapper around the torch
 optimizer state, fp32 master weights beside it). Read through the allow-list like every other."""
-import os
 
 import pytest
 import torch

@@ -90,6 +90,17 @@ def test_mixed_precision_trains(tmp_path, precision):
         assert 0 <= saved["_growth_tracker"] <= 3
 
 
+@pytest.mark.parametrize("precision, enabled, dtype", [("no", False, torch.float32), ("bf16", True, torch.bfloat16),
+                                                       ("fp16", True, torch.float16)])
+def test_forward_step_runs_under_the_precisions_autocast(tmp_path, precision, enabled, dtype):
+    cfg = tiny_config(tmp_path, runner="tests.tiny.AutocastProbeTrainer", max_steps=2, gradient_accumulation_steps=2,
+                      mixed_precision=precision)
+    cfg["models"].update(layers=1)
+    trainer = launch_from_config(cfg)
+    assert trainer.autocast_seen == [(enabled, dtype)] * 4  # every micro-batch of every step
+    assert not torch.is_autocast_enabled("cpu")  # and not left on after the run
+
+
 def test_max_grad_norm_bounds_the_update(tmp_path):
     cfg = tiny_config(tmp_path / "clip", max_steps=1, max_grad_norm=1e-3, with_ema=False)
     cfg["optimizers"] = dict(type="SGD", lr=1.0)

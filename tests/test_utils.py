@@ -33,12 +33,13 @@ def test_import_function_time_and_memory():
 
 
 def test_wait_for_gpu_memory(monkeypatch, capsys):
+    from giga_train.compat import utils as helpers  # giga_train.utils re-exports it: the lookups happen here
     frees = iter([1, 1, 8])
-    monkeypatch.setattr(utils, "_gpu_memory", lambda gpu: (8 * 2**30, 0, next(frees) * 2**30))
-    monkeypatch.setattr(utils.time, "sleep", lambda s: None)
+    monkeypatch.setattr(helpers, "_gpu_memory", lambda gpu: (8 * 2**30, 0, next(frees) * 2**30))
+    monkeypatch.setattr(helpers.time, "sleep", lambda s: None)
     utils.wait_for_gpu_memory([0], 4, seconds=0)
     assert capsys.readouterr().out.count("Wait For GPU Memory: 4.00GB") == 2
-    monkeypatch.setattr(utils, "_gpu_memory", lambda gpu: (8, 0, 0))
+    monkeypatch.setattr(helpers, "_gpu_memory", lambda gpu: (8, 0, 0))
     with pytest.raises(TimeoutError):
         utils.wait_for_gpu_memory([0, 1], 1, unit="B", seconds=0, count_limit=2)
 

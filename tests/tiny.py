@@ -21,6 +21,18 @@ class TinyTrainer(Trainer):
         return loss
 
 
+class AutocastProbeTrainer(TinyTrainer):
+    """Records, inside each forward_step, whether autocast is on for the batch's device and the dtype a matmul
+    of two fp32 tensors comes out in there (what autocast really does, not what it was asked to do)."""
+
+    def forward_step(self, batch_dict):
+        device = batch_dict["tokens"].device
+        probe = torch.ones(2, 2, device=device)
+        self.autocast_seen = getattr(self, "autocast_seen", [])
+        self.autocast_seen.append((torch.is_autocast_enabled(device.type), (probe @ probe).dtype))
+        return super().forward_step(batch_dict)
+
+
 class DictLossTrainer(TinyTrainer):
     """Two named losses from a ModuleDict of two members, dispatched by name."""
 

@@ -58,6 +58,10 @@ class Checkpointer:
         """The newest complete checkpoint folder, or None."""
         return self.folders.latest()
 
+    def latest_finite(self):
+        """The newest complete checkpoint whose weights are finite, or None (what a stop calls good)."""
+        return self.folders.latest_finite()
+
     def latest_step(self):
         """The step of the newest complete checkpoint, or None."""
         latest = self.latest()

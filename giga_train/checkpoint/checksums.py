@@ -20,6 +20,14 @@ def _files(folder):
                 yield rel, path
 
 
+def inside(folder, rel):
+    """Whether `rel` (a path a meta.json names) resolves, symlinks followed, to `folder` or below it."""
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel):
+        return False
+    base = os.path.realpath(folder)
+    return os.path.realpath(os.path.join(base, rel)).startswith(base + os.sep)
+
+
 def crc32_file(path):
     crc = 0
     with open(path, "rb") as f:
@@ -40,8 +48,11 @@ def folder_checksums(folder, workers=4):
 
 def first_mismatch(folder, recorded, workers=4):
     """(relative path, what is wrong) of the first file of `recorded` that is missing, of another size,
-    or whose CRC differs; None when every recorded file is intact. Sizes are checked before any read."""
+    or whose CRC differs, or that lies outside `folder`; None when every recorded file is intact. Sizes are
+    checked before any read."""
     for rel, (size, _) in recorded.items():
+        if not inside(folder, rel):
+            return rel, "outside the checkpoint folder (meta.json is not the one its save wrote)"
         path = os.path.join(folder, rel)
         if not os.path.isfile(path):
             return rel, "missing"

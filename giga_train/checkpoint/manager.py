@@ -12,9 +12,10 @@ import shutil
 import time
 import uuid
 
-from ..errors import ConfigError, CorruptCheckpointError
+from ..errors import CheckpointError, ConfigError, CorruptCheckpointError
 
 NAME = re.compile(r"^checkpoint_epoch_(\d+)_step_(\d+)$")
+SET_ASIDE = re.compile(r"^checkpoint_epoch_\d+_step_\d+\.superseded_\d+$")  # _set_aside's names
 META = "meta.json"
 TMP_PREFIX = ".tmp_"
 TRASH_PREFIX = ".trash_"
@@ -51,8 +52,11 @@ def _meta_or_none(path):
 
 
 def _complete(models_dir):
-    """(write order key, step, path, meta) of each complete checkpoint, in write order (oldest first):
-    the time its save recorded, else (older checkpoints) its meta.json's modification time."""
+    """(write order key, step, path, meta) of each complete checkpoint, in write order (oldest first).
+    The order is the folder's own count of commits, meta.json's `seq` (1 + the highest in the folder when
+    it was committed; the project lock keeps one writer), then the step: never a clock, since a node's
+    clock may run ahead (`saved_at` is information only). Checkpoints written before `seq` come first, by
+    step, as GigaTrain orders them."""
     if not os.path.isdir(models_dir):
         return []
     found = []
@@ -62,11 +66,14 @@ def _complete(models_dir):
         meta = _meta_or_none(path) if match else None
         if meta is None:
             continue
-        saved_at = meta.get("saved_at")
-        if not isinstance(saved_at, (int, float)):
-            saved_at = os.path.getmtime(os.path.join(path, META))
-        found.append((saved_at, int(match.group(2)), path, meta))
+        found.append((write_seq(meta), int(match.group(2)), path, meta))
     return sorted(found, key=lambda item: (item[0], item[1]))
+
+
+def write_seq(meta):
+    """meta.json's commit count (0 for checkpoints written before it was recorded)."""
+    seq = meta.get("seq")
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else 0
 
 
 def save_id(path, meta):
@@ -109,18 +116,33 @@ class CheckpointManager:
     ones it wrote, the one it resumed from and that one's ancestors, linked through meta.json's
     `parent`), never one that another run wrote (say, newer checkpoints of a branch that an older resume
     abandoned), and never the newest of its history whose weights are finite. `latest()` is the newest
-    complete checkpoint by write order."""
+    complete checkpoint by write order (meta.json's `seq`, never a clock)."""
 
     def __init__(self, models_dir, total_limit=None, keeps=(), keeps_by_epoch=False):
         """`keeps`: steps (epochs with `keeps_by_epoch`, GigaTrain's rule when training by epochs) whose
-        checkpoints are never deleted, nor stripped of their optimizer state."""
+        checkpoints are never deleted, nor stripped of their optimizer state. `protect(step)` adds a step
+        kept the same way whatever the unit of training (the best checkpoint)."""
         self.models_dir, self.total_limit, self.keeps = models_dir, total_limit, set(keeps)
         self.keeps_by_epoch = keeps_by_epoch
+        self.protected = set()  # steps, always steps
         self.parent = None  # the save_id this run's next checkpoint descends from
+
+    def protect(self, step):
+        self.protected.add(step)
+
+    def release(self, step):
+        """`step` goes back into the rotation (unless `keeps` names it)."""
+        self.protected.discard(step)
 
     def latest(self):
         found = _complete(self.models_dir)
         return found[-1][2] if found else None
+
+    def latest_finite(self):
+        """The newest complete checkpoint whose weights are finite (or not known to be not), or None:
+        what a stop names as the newest good one."""
+        return next((path for _, _, path, meta in reversed(_complete(self.models_dir))
+                     if meta.get("finite") is not False), None)
 
     def note_resumed(self, path):
         """This run continues from checkpoint `path`: its saves descend from it (rotation may delete
@@ -142,12 +164,14 @@ class CheckpointManager:
         return tmp
 
     def commit(self, tmp, meta):
-        """Record the files' checksums, the weights' finiteness, the write time and the lineage in
-        meta.json (written last), make it durable, rename into place, then apply the rolling limit."""
+        """Record the files' checksums, the weights' finiteness, the commit count (`seq`, the write order),
+        the write time (information only) and the lineage in meta.json (written last), make it durable,
+        rename into place, then apply the rolling limit."""
         from .checksums import folder_checksums
         from .formats.model_layout import live_weights
         finite = weights_finite([os.path.join(tmp, path) for path in live_weights(meta)])
-        meta = dict(meta, saved_at=time.time(), save_id=uuid.uuid4().hex, parent=self.parent,
+        seq = 1 + max((item[0] for item in _complete(self.models_dir)), default=0)
+        meta = dict(meta, saved_at=time.time(), seq=seq, save_id=uuid.uuid4().hex, parent=self.parent,
                     finite=finite, files=folder_checksums(tmp))
         with open(os.path.join(tmp, META), "w") as f:
             json.dump(meta, f, indent=2, default=repr)  # a Dataset object in the config: its repr
@@ -180,22 +204,42 @@ class CheckpointManager:
 
     def rotate(self, total_limit=None):
         """Keep the newest `total_limit` (default: the manager's) rolling checkpoints of this run's
-        history; `keeps` are extra, never deleted; nor is the newest one whose weights are finite (or not
-        known to be not)."""
+        history; `keeps` and protected steps are extra, never deleted; nor is the newest one whose weights
+        are finite (or not known to be not), nor a branch point: one that a checkpoint of another history
+        (listed, or set aside) descends from, as when this run resumed an older checkpoint."""
         total_limit = total_limit or self.total_limit
         if total_limit is None or total_limit <= 0:
             return
-        history = list(self._history().values())  # newest first
-        finite = next((path for _, path, ok in history if ok is not False), None)
+        history = self._history()  # newest first
+        if not history:
+            return
+        entries = list(history.values())
+        finite = next((path for _, path, ok in entries if ok is not False), None)
+        spared = {finite, entries[0][1]} | {history[i][1] for i in self._branch_points(history)}
         for path in self.rolling()[total_limit:]:
-            if path != finite and path != history[0][1]:
+            if path not in spared:
                 self._delete(path)
 
-    def rolling(self):
-        """This run's history but the checkpoints `keeps` names, newest first."""
-        return [path for step, path, _ in self._history().values() if not self._kept(path, step)]
+    def _branch_points(self, history):
+        """save_ids of `history` that a checkpoint outside it descends from directly (its `parent`)."""
+        points = set()
+        for name in os.listdir(self.models_dir):
+            if not (NAME.match(name) or SET_ASIDE.match(name)):
+                continue
+            path = os.path.join(self.models_dir, name)
+            meta = _meta_or_none(path)
+            if meta is not None and meta.get("parent") in history and save_id(path, meta) not in history:
+                points.add(meta["parent"])
+        return points
 
-    def _kept(self, path, step):
+    def rolling(self):
+        """This run's history but the checkpoints `keeps` or `protect` name, newest first."""
+        return [path for step, path, _ in self._history().values() if not self.kept(path, step)]
+
+    def kept(self, path, step):
+        """Whether checkpoint `path` of `step` is out of the rotation: a protected step, or a keep."""
+        if step in self.protected:
+            return True
         if self.keeps_by_epoch:
             return int(NAME.match(os.path.basename(path)).group(1)) in self.keeps
         return step in self.keeps
@@ -226,16 +270,19 @@ class CheckpointManager:
     def resume_path(self, resume, env=None):
         """The checkpoint to resume from, verified against the checksums recorded at its save, or None.
 
-        resume=True: the newest complete checkpoint by write order whose files are intact; a damaged one
-        is passed over with one warning line naming the file. A path: that checkpoint, or
-        CorruptCheckpointError naming the damaged file (ConfigError when it is no checkpoint folder).
-        Checkpoints without recorded checksums are taken as they are. With `env` (several ranks): the main rank decides, every rank gets the same answer (or error).
+        resume=True: the newest complete checkpoint by write order whose files are intact and whose weights
+        are finite; a damaged one is passed over with one warning line naming the file, the non-finite
+        ones with one line naming them all. A path: that checkpoint, or CorruptCheckpointError naming the
+        damaged file, CheckpointError when its weights are not finite (ConfigError when it is no
+        checkpoint folder).
+        Checkpoints without recorded checksums are taken as they are. With `env` (several ranks): the main
+        rank decides, every rank gets the same answer (or error).
         The result also becomes this run's parent (note_resumed)."""
         decided = error = None
         if env is None or env.is_main:
             try:
                 decided = self._choose(resume)
-            except (ConfigError, CorruptCheckpointError) as e:
+            except (ConfigError, CheckpointError) as e:
                 error = (type(e).__name__, str(e))
         if env is not None and env.world_size > 1:
             import torch.distributed as dist
@@ -244,7 +291,8 @@ class CheckpointManager:
                 dist.broadcast_object_list(shared, src=0, group=getattr(env, "cpu_group", None))
                 decided, error = shared
         if error is not None:
-            raise (ConfigError if error[0] == "ConfigError" else CorruptCheckpointError)(error[1])
+            kinds = {kind.__name__: kind for kind in (ConfigError, CorruptCheckpointError, CheckpointError)}
+            raise kinds.get(error[0], CheckpointError)(error[1])
         if decided is not None:
             self.note_resumed(decided)
         return decided
@@ -255,15 +303,26 @@ class CheckpointManager:
         if resume is not True:
             if not is_complete(resume):  # bad input (exit 2), as before checksums
                 raise ConfigError(f"train.resume: {resume} is not a complete checkpoint folder")
+            if _meta_or_none(resume).get("finite") is False:
+                raise CheckpointError(
+                    f"train.resume: {resume} holds non-finite weights (NaN/inf; its meta.json says finite: false),"
+                    f" from which no step can make progress; nothing was loaded. The newest finite checkpoint is"
+                    f" {self.latest_finite() or 'none'} (resume=True takes it)", resume)
             bad = verify(resume)
             if bad is not None:
                 raise CorruptCheckpointError(f"train.resume: {bad}; nothing was loaded", resume)
             return resume
-        for _, _, path, _ in reversed(_complete(self.models_dir)):
+        passed = []  # non-finite ones, newest first
+        for _, _, path, meta in reversed(_complete(self.models_dir)):
+            if meta.get("finite") is False:
+                passed.append(os.path.basename(path))
+                continue
             bad = verify(path)
             if bad is None:
+                _say_passed_over(passed, path)
                 return path
             log.warning("resume: passing over %s: %s; trying the checkpoint before it", path, bad)
+        _say_passed_over(passed, None)
         log.info("resume: no (intact) checkpoint in %s; starting from step 0", self.models_dir)
         return None
 
@@ -288,21 +347,51 @@ class CheckpointManager:
                 shutil.rmtree(os.path.join(self.models_dir, name), ignore_errors=True)
 
 
-def verify(path):
-    """None when every file that checkpoint `path`'s meta.json lists is there with its recorded size
-    and checksum (or it lists none: written before checksums); else one line naming the file."""
+def _say_passed_over(names, chosen):
+    if names:
+        log.warning("resume: passing over %d checkpoint%s with non-finite weights (NaN/inf; meta.json finite:"
+                    " false): %s; %s", len(names), "s" * (len(names) > 1), ", ".join(names),
+                    f"resuming {chosen}" if chosen else "no finite one is left")
+
+
+def verify(path, under=None):
+    """None when every file that checkpoint `path`'s meta.json lists (`under`: only those in that
+    sub-folder or file) is there with its recorded size and checksum (or it lists none: written before
+    checksums), and its layout stays inside the folder; else one line naming the file."""
     from .checksums import first_mismatch
+    from .formats.model_layout import layout_problem
     meta = _meta_or_none(path)
     if meta is None:
         return f"{os.path.join(path, META)}: missing or unreadable"
+    problem = layout_problem(path, meta)
+    if problem is not None:
+        return problem
     files = meta.get("files")
     if not isinstance(files, dict):
         return None
+    if under is not None:
+        files = {rel: v for rel, v in files.items() if rel == under or rel.startswith(under + "/")}
     try:
         bad = first_mismatch(path, files)
     except (TypeError, ValueError):
         return f"{os.path.join(path, META)}: its file list is damaged"
     return None if bad is None else f"{os.path.join(path, bad[0])}: {bad[1]}"
+
+
+def check_intact(path, doing="read"):
+    """Raise CorruptCheckpointError in one line unless `path` (a checkpoint folder, or a model folder or
+    file inside one) verifies: what export, convert and load_checkpoint call before reading. A path in
+    no checkpoint of ours has nothing recorded to check."""
+    path = os.path.normpath(path)
+    checkpoint, under = path, None
+    if not is_complete(path):
+        checkpoint, under = os.path.dirname(path), os.path.basename(path)
+        if not is_complete(checkpoint):
+            return
+    bad = verify(checkpoint, under)
+    if bad is not None:
+        raise CorruptCheckpointError(f"{bad}; nothing was {doing}", checkpoint)
+
 
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 OS_ERROR_IN_TEXT = re.compile(r"os error (\d+)")

@@ -108,7 +108,7 @@ def _metadata_reader_class():
     return SafeFileSystemReader
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reader_class():
     return _metadata_reader_class()
 
@@ -130,7 +130,7 @@ def load_dcp(state, folder, **kwargs):
 
 
 # -- torch.save files ------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _deepspeed_safe_globals():
     found = []
     for dotted in DEEPSPEED_GLOBALS:

@@ -142,7 +142,7 @@ def normalise_fsdp(user):
             raise ConfigError(f"{at('fsdp_state_dict_type')}: 'LOCAL_STATE_DICT' is not supported (checkpoints"
                               " must reload at any world size); use FULL_STATE_DICT or SHARDED_STATE_DICT")
         # FULL: the model gathered into its folders at each checkpoint; SHARDED: each rank writes its shards
-        # (checkpoint/layout.py)
+        # (checkpoint/formats/model_layout.py)
         out["fsdp_state_dict_type"] = kind
     if as_bool(at("fsdp_forward_prefetch"), given.get("fsdp_forward_prefetch", False)) and not v2:
         raise ConfigError(f"{at('fsdp_forward_prefetch')}: forward prefetch is not implemented (FSDP1); remove it")
@@ -281,7 +281,6 @@ def check_cluster_key(key, value):
         "tpu_vm": "TPU only", "tpu_env": "TPU only",
         "megatron_lm_config": "Megatron-LM is not a giga-train engine",
         "mpirun_config": "mpirun is not used (run under SLURM or torchrun, or let giga-train start the ranks)",
-        "parallelism_config": "tensor/context/sequence parallelism is not implemented (FSDP shards data-parallel)",
         "fp8_config": "fp8 is a train setting here: train.mixed_precision='fp8' and train.fp8_config",
         "enable_cpu_affinity": "pinning ranks to CPU cores is not implemented",
     }

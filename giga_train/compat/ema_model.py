@@ -48,7 +48,7 @@ class EMAModel:
         self._param_dict, self._shape_dict, self._slice_dict = OrderedDict(), OrderedDict(), OrderedDict()
         self._buffer_dict = OrderedDict()
 
-    def get_decay(self, optimization_step):
+    def get_decay(self, optimization_step) -> float:
         return warmup_decay(optimization_step, self.decay, self.min_decay, self.update_after_step,
                             self.use_ema_warmup, self.inv_gamma, self.power)
 
@@ -63,7 +63,7 @@ class EMAModel:
         return flat[begin:begin + size], (begin, begin + size)
 
     @torch.no_grad()
-    def step(self, state_dict):
+    def step(self, state_dict) -> None:
         """One update towards `state_dict` (the full weights, the same names as loaded)."""
         self.optimization_step += 1
         decay = self.get_decay(self.optimization_step)
@@ -79,7 +79,7 @@ class EMAModel:
             local, _ = self._local(param)
             shard[:] = (shard.float() * decay + local.float() * (1 - decay)).to(shard.dtype)
 
-    def load_state_dict(self, state_dict, device=None, dtype=None):
+    def load_state_dict(self, state_dict, device=None, dtype=None) -> None:
         """Start (or restart) the average from `state_dict`: this rank's slices, on `device` in `dtype`."""
         self._param_dict, self._shape_dict, self._slice_dict = OrderedDict(), OrderedDict(), OrderedDict()
         for name, param in state_dict.items():
@@ -96,7 +96,7 @@ class EMAModel:
             self._param_dict[name] = local
             self._slice_dict[name] = bounds
 
-    def state_dict(self, device=None, dtype=None):
+    def state_dict(self, device=None, dtype=None) -> dict:
         """The whole averaged state dict (all-gathered across ranks; on the CPU unless `device`)."""
         out = OrderedDict()
         for name, shard in self._param_dict.items():
@@ -116,7 +116,7 @@ class EMAModel:
         return out
 
     @property
-    def config(self):
+    def config(self) -> dict:
         return dict(decay=self.decay, min_decay=self.min_decay, optimization_step=self.optimization_step,
                     update_after_step=self.update_after_step, use_ema_warmup=self.use_ema_warmup,
                     inv_gamma=self.inv_gamma, power=self.power)
@@ -129,12 +129,12 @@ class EMAModel:
                 config = json.load(f)
         return cls(**config)
 
-    def save_config(self, save_path):
+    def save_config(self, save_path) -> None:
         """Write ema_config.json (GigaTrain's checkpoint file beside the `<name>_ema` folders)."""
         with open(save_path, "w", encoding="utf-8") as f:
             f.write(json.dumps(self.config, indent=2, sort_keys=True) + "\n")
 
-    def load_config(self, config):
+    def load_config(self, config) -> None:
         if not isinstance(config, dict):
             with open(config) as f:
                 config = json.load(f)

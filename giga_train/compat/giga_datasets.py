@@ -1,4 +1,4 @@
-"""GigaTrain's data path through giga_datasets (the optional `gigatrain` extra, see the README).
+"""GigaTrain's data path through giga_datasets (the optional `gigatrain` extra, docs/guide.md "Data through giga_datasets").
 
 What a dataloaders section's keys mean, as in GigaTrain 1.1 (docs/GIGATRAIN.md section 13):
 - `data_or_config`: a dataset folder (or its config.json) or a dict whose `_class_name` our DATASETS
@@ -16,7 +16,7 @@ import torch
 from ..errors import ConfigError
 from ..registry import DATASETS, TYPE_KEYS, import_object
 
-INSTALL = "pip install -e '.[gigatrain]' then pip install --no-deps giga-datasets==1.1.0, see the README"
+INSTALL = "pip install -e '.[gigatrain]' then pip install --no-deps giga-datasets==1.1.0, see docs/guide.md"
 
 
 def import_giga_datasets(where):
@@ -99,7 +99,7 @@ def open_dataset(cfg, transform, where):
     return dataset, transform, collate
 
 
-# GigaTrain registers the first five in its SAMPLERS; the weighted ones are giga_datasets' too (issue 16).
+# GigaTrain registers the first five in its SAMPLERS; the weighted ones are giga_datasets' too.
 # DefaultSampler stays ours: the same order, cut per rank and positioned on resume.
 SAMPLER_NAMES = ("AspectRatioSampler", "BucketBatchSampler", "BucketSampler", "SpecialDatasetSampler",
                  "WeightedSampler", "ListWeightedSampler", "ShardedListWeightedSampler")

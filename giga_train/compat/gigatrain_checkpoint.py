@@ -52,7 +52,7 @@ class GigaTrainState:
     """What a GigaTrain checkpoint continues with, in our in-memory forms."""
     folder: str
     weights: dict              # full model state dict, our unwrapped module's keys
-    optimizer: dict            # full optimizer state keyed by parameter name (portable.py's form)
+    optimizer: dict            # full optimizer state keyed by parameter name (checkpoint/formats/full_state.py's form)
     training_state: dict       # the trainer's load_state_dict input: schedulers, data position, step
     ema_weights: dict = None   # the average, full state dict keys; None when the folder holds none
     ema_step: int = None

@@ -31,7 +31,7 @@ def _run(client, ip, command):
     return out
 
 
-def ssh_copy_id(ips, username, password, port):
+def ssh_copy_id(ips, username, password, port) -> None:
     """Make every machine in `ips` able to `ssh -p port username@ip` into every other, by key."""
     ips = [ips] if isinstance(ips, str) else list(ips)
     clients = [_connect(ip, username, password, port) for ip in ips]

@@ -9,7 +9,9 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from importlib import import_module
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,7 +24,7 @@ _UNITS = {"GB": 1024 ** 3, "MB": 1024 ** 2, "KB": 1024, "B": 1}
 
 
 # -- conversion -------------------------------------------------------------------------------------
-def to_list(data):
+def to_list(data) -> Any:
     """A Python list from a list, tuple, tensor, array, or an object with `.tensor`."""
     if isinstance(data, list):
         return data
@@ -82,31 +84,31 @@ def _leaf_dtype(data, dtype):
     return data
 
 
-def to_tensor(data):
+def to_tensor(data) -> Any:
     """Tensors from arrays, numbers and lists (each list element converted), through dicts and lists."""
     return _nested(data, _leaf_tensor)
 
 
-def to_numpy(data):
+def to_numpy(data) -> Any:
     return _nested(data, _leaf_numpy)
 
 
-def to_cuda(data, device=None):
+def to_cuda(data, device=None) -> Any:
     """Tensors moved to CUDA `device` (the current one by default); other leaves left as they are."""
     return _nested(data, _leaf_cuda, device)
 
 
-def to_cpu(data):
+def to_cpu(data) -> Any:
     return _nested(data, _leaf_cpu)
 
 
-def to_dtype(data, dtype):
+def to_dtype(data, dtype) -> Any:
     """Tensors (torch dtype) and arrays (NumPy dtype) cast; other leaves left as they are."""
     return _nested(data, _leaf_dtype, dtype)
 
 
 # -- misc -------------------------------------------------------------------------------------------
-def as_list(data):
+def as_list(data) -> list:
     """A list as is, a tuple as a list, anything else as a one-element list."""
     if isinstance(data, list):
         return data
@@ -115,7 +117,7 @@ def as_list(data):
     return [data]
 
 
-def import_function(function_name, sep="."):
+def import_function(function_name, sep=".") -> Any:
     """`pkg.module.name` -> that attribute. With sep='/', `pkg/module/name` (as for a config file)."""
     parts = function_name.split(sep)
     if len(parts) < 2:
@@ -127,12 +129,12 @@ def import_function(function_name, sep="."):
         raise ImportError(f"module '{module.__name__}' has no attribute '{parts[-1]}'") from None
 
 
-def get_cur_time():
+def get_cur_time() -> str:
     """The local time as YYYY-MM-DD-HHMMSS."""
     return time.strftime("%Y-%m-%d-%H%M%S", time.localtime(time.time()))
 
 
-def get_cpu_memory(unit="GB"):
+def get_cpu_memory(unit="GB") -> str:
     """The host's memory in use, as 'used/total UNIT' (e.g. '12.31/503.70 GB')."""
     import psutil
     factor = _UNITS[unit]
@@ -152,7 +154,7 @@ def _gpu_memory(gpu_id):
     return info.total, info.used, info.free
 
 
-def wait_for_gpu_memory(gpu_ids, gpu_memory, unit="GB", seconds=10, count_limit=-1):
+def wait_for_gpu_memory(gpu_ids, gpu_memory, unit="GB", seconds=10, count_limit=-1) -> None:
     """Block until every GPU in `gpu_ids` has `gpu_memory` (in `unit`) free, checking every `seconds`
     and printing each GPU's memory. After `count_limit` failed checks (> 0), TimeoutError."""
     factor = _UNITS[unit]
@@ -172,7 +174,7 @@ def wait_for_gpu_memory(gpu_ids, gpu_memory, unit="GB", seconds=10, count_limit=
         time.sleep(seconds)
 
 
-def create_logger(log_path=None, log_format=None):
+def create_logger(log_path=None, log_format=None) -> logging.Logger:
     """The root logger at INFO, to stdout and (with `log_path`, which is started afresh) to that file."""
     log_format = log_format or "%(asctime)-15s %(message)s"
     logger = logging.getLogger()
@@ -190,7 +192,7 @@ def create_logger(log_path=None, log_format=None):
     return logger
 
 
-def setup_environment():
+def setup_environment() -> None:
     """GigaTrain's: put the working directory on sys.path and PYTHONPATH (for spawned processes),
     so a project's modules (`runners`, types in the config) import from where it is run."""
     work_dir = os.getcwd()
@@ -200,7 +202,7 @@ def setup_environment():
 
 
 # -- activation checkpointing / wrapping ------------------------------------------------------------
-def module_auto_wrap_policy(module_names, sep="__##__"):
+def module_auto_wrap_policy(module_names, sep="__##__") -> Callable:
     """GigaTrain's auto-wrap policy for `apply_activation_checkpointing` / FSDP1: `policy(module,
     recurse, nonwrapped_numel)` is True when recursing, and for a module whose class name is listed:
     "Block" = every Block, "Block__##__4" = the first 4 (counted in the order the policy is asked)."""

@@ -169,6 +169,11 @@ class DataStream:
                 log.warning("resume: global batch %d -> %d; epoch %d continues at sample %d, not %d "
                             "(%d samples seen again)", saved_batch, self.global_batch, self.epoch,
                             in_epoch - again, in_epoch, again)
+        if self.batch_in_epoch >= len(self):  # the dataset shrank below the saved position
+            log.warning("resume: the dataset has %d batches an epoch now, and epoch %d was saved at batch %d"
+                        " (it is smaller than when saved); epoch %d starts", len(self), self.epoch,
+                        self.batch_in_epoch, self.epoch + 1)
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
         if self.plan is not None and self.batch_in_epoch:
             log.info("resume: %s cannot say where it is; epoch %d's order is drawn again and its first %d batches"
                      " skipped (their indices only, as GigaTrain skips consumed batches)",

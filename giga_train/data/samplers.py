@@ -4,6 +4,7 @@ import contextlib
 import itertools
 import math
 import random
+from typing import Any
 
 import numpy as np
 import torch
@@ -215,7 +216,7 @@ def _seeded_rngs(seed):
 SAMPLERS.add_provider(register_samplers)  # giga_datasets' samplers, looked up at the first unknown name
 
 
-def build_sampler(params_or_type, *args, **kwargs):
+def build_sampler(params_or_type, *args, **kwargs) -> Any:
     """GigaTrain's call form: `build_sampler(cfg_or_type, dataset=..., batch_size=...)`; None without a type."""
     return build_module(SAMPLERS, params_or_type, *args, **kwargs)
 

@@ -161,8 +161,17 @@ class StreamingData:
         self.shards.epoch = self.epoch
         self.shards.positions, self.shards.first_worker = dict(self.positions), self.next_worker
         self._iter = iter(self.loader)
-        for _ in range(self._skip):
-            next(self._iter)
+        for done in range(self._skip):
+            try:
+                next(self._iter)
+            except StopIteration:  # the dataset shrank between runs: its epoch ended before the position
+                log.warning("resume: the streaming dataset ended after %d of the %d batches consumed in epoch %d"
+                            " (it is shorter than when saved); epoch %d starts", done, self._skip, self.epoch,
+                            self.epoch + 1)
+                self.epoch, self.batch_in_epoch, self.positions, self.next_worker = self.epoch + 1, 0, {}, 0
+                self.shards.epoch, self.shards.positions, self.shards.first_worker = self.epoch, {}, 0
+                self._iter = iter(self.loader)
+                break
         self._skip = 0
 
     def __iter__(self):

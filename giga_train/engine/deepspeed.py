@@ -15,12 +15,19 @@ from .deepspeed_config import resolve_deepspeed_config
 from ..distributed.env import init_process_group
 from ..checkpoint.formats.full_state import DEEPSPEED_DIR, DEEPSPEED_TAG, deepspeed_meta, write_deepspeed_meta
 from ..checkpoint.safe_unpickle import safe_torch_loads
-from .protocol import StepResult, Strategy
+from .protocol import OVERFLOW, StepResult, Strategy
 from .deepspeed_state import set_full_state
 
 
 @STRATEGIES.register(name="DEEPSPEED")
 class DeepSpeedStrategy(Strategy):
+    # DeepSpeed 0.19.8 has Ulysses of its own (deepspeed.sequence.layer.DistributedAttention; ALST's
+    # UlyssesSPAttentionHF for transformers models), its engine reducing gradients over a sequence-data-parallel
+    # group handed to initialize() through `mpu`: not wired to the mesh here.
+    PARALLEL_DIMS = ("dp_shard",)
+    FILLS_DIM = "dp_shard"
+    PARALLEL_NOTE = ("sequence parallelism and replicas run under distributed_type='FSDP' (fsdp_version=2) or"
+                     " 'MULTI_GPU' here; DeepSpeed's own Ulysses is not wired to the mesh")
     state_snapshot_detached = False  # engine.save_checkpoint takes the engine's state itself, synchronously
 
     def __init__(self, env, launch, train, **kwargs):
@@ -121,8 +128,9 @@ class DeepSpeedStrategy(Strategy):
         if verdict is None:
             return StepResult(norm)
         skipped = not self.model.was_step_applied()
-        # fp16: a skipped step is the loss scaler's normal overflow skip, not a NaN step.
-        bad_grad = ("grad_norm",) if skipped and self.train.mixed_precision != "fp16" else ()
+        # fp16: a skipped step is the loss scaler's overflow skip (counted as such; DeepSpeed stops at its floor)
+        fp16 = self.train.mixed_precision == "fp16"
+        bad_grad = ((OVERFLOW,) if fp16 else ("grad_norm",)) if skipped else ()
         if not skipped and norm is not None and not bool(torch.isfinite(norm)):  # global: the same on all ranks
             bad_grad = ("grad_norm",)
         return StepResult(norm, bad_loss + bad_grad, skipped=skipped)

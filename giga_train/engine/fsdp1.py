@@ -12,6 +12,12 @@ from .fsdp2 import FSDP2Strategy
 
 class FSDP1Strategy(FSDP2Strategy):
     starts_from_meta = False  # FullyShardedDataParallel would need param_init_fn and sync_module_states
+    PARALLEL_DIMS = ("dp_shard",)
+    PARALLEL_NOTE = "use fsdp_version=2 (FSDP2 takes dp_replicate x dp_shard x sp)"
+
+    @classmethod
+    def parallel_refusal(cls, dims):
+        return None
 
     def gathers_float8_weights(self):
         return False

@@ -15,11 +15,21 @@ from .torch_optimizer import TorchOptimizerStrategy
 
 class FSDP2Strategy(TorchOptimizerStrategy):
     starts_from_meta = True
+    PARALLEL_DIMS = ("dp_replicate", "dp_shard", "sp")
+    FILLS_DIM = "dp_shard"
+
+    @classmethod
+    def parallel_refusal(cls, dims):
+        if dims.dp_replicate > 1 and dims.shard_size == 1:
+            return (f"dp_replicate_size={dims.dp_replicate} with dp_shard_size x sp_size = 1 shards nothing under"
+                    " FSDP: that is DDP (distributed_type='MULTI_GPU')")
+        return None
 
     def __init__(self, env, launch, train, **kwargs):
         super().__init__(env, launch, train, **kwargs)
         init_process_group(env)  # also at world size 1: FSDP needs a group
         self.fsdp = launch.fsdp_config
+        self.build_mesh()
 
     def gathers_float8_weights(self):
         return True  # parameters become DTensors: torchao all-gathers float8 weights (tensorwise)
@@ -34,10 +44,16 @@ class FSDP2Strategy(TorchOptimizerStrategy):
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else \
             MixedPrecisionPolicy()
         reshard = self.fsdp.fsdp_reshard_after_forward
-        for module in model.modules():
-            if type(module).__name__ in wrap_classes:
-                fully_shard(module, mp_policy=policy, reshard_after_forward=reshard)
-        self.model = fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
+        mesh = dict(mesh=self.mesh.fsdp_mesh()) if self.mesh is not None else {}
+        units = [m for m in model.modules() if type(m).__name__ in wrap_classes]
+        for module in units:
+            fully_shard(module, mp_policy=policy, reshard_after_forward=reshard, **mesh)
+        self.model = fully_shard(model, mp_policy=policy, reshard_after_forward=reshard, **mesh)
+        if self.mesh is not None and self.mesh.dims.sp > 1:
+            for module in units + [self.model]:
+                module.set_gradient_divide_factor(float(self.mesh.data_world_size))
+                if self.device.type == "cpu":
+                    module.set_force_sum_reduction_for_comms(True)  # the factor is NCCL's PREMUL_SUM: gloo has none
         if meta_start is not None:
             meta_start.fill(self.model, self.device)
         self.optimizer = make_optimizer(self.model)

@@ -185,7 +185,7 @@ def reset_module(model, name, module):
                           " reset_parameters): define init_weights()")
 
 
-def load_safetensors_shards(model, path):
+def load_safetensors_shards(model, path) -> None:
     """Fill `model`'s parameters and persistent buffers (each rank: its own shard of each DTensor, its own
     partition of each ZeRO-3 parameter) from the safetensors file `path`, or every *.safetensors file in folder
     `path`; each rank reads only its rows (its partition: a contiguous range of the flattened tensor), with

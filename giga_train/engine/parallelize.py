@@ -1,13 +1,6 @@
-"""parallelize: the model transformations, once, in the order that works: activation checkpointing -> fp8
--> compile -> shard (the strategy's setup, which also builds the optimizer).
-
-The block classes that checkpointing and compile need are resolved first, on the user's model (blocks.py
-parses every key that names classes; FSDP resolves its wrap classes from its own config the same way).
-Checkpointing and fp8 come before compile, which traces what they made; compile works in place, so the
-sharding wrappers applied last (fully_shard, DDP, DeepSpeed) see the same module tree and parameter names.
-Checkpointing comes before fp8 as GigaTrain calls its hooks (apply_activation_checkpointing, apply_fp8):
-it wraps a block's forward, which looks its Linears up when it runs, so the float8 ones swapped in after
-it are the ones it runs."""
+"""parallelize: the model transformations, once, in the order that works: activation checkpointing ->
+sequence parallelism (under launch.parallelism_config's sp_size) -> fp8 -> compile -> shard (the strategy's
+setup, which also builds the optimizer). Why this order: docs/architecture.md, "parallelize"."""
 import logging
 from dataclasses import dataclass
 
@@ -39,6 +32,17 @@ def plan_blocks(model, train, fsdp_config):
     return BlockPlan(checkpointed, compiled)
 
 
+def sequence_parallel(model):
+    """The attention of the models we know (diffusers' Wan, transformers) made sequence-parallel: the model,
+    or each member of a ModuleDict. Any other model calls the sequence-parallel attention itself."""
+    from torch import nn
+
+    from .sequence_parallel_models import parallelize_for_sequence
+    members = list(model.values()) if isinstance(model, nn.ModuleDict) else [model]
+    for member in members:
+        parallelize_for_sequence(member)
+
+
 def parallelize(model, strategy, train, fsdp_config, make_optimizer, checkpoint=None, float8=None,
                 init_weights=None, from_rank0=False):
     """Transform `model` as the train config says and hand it to `strategy`; returns (model, optimizer).
@@ -59,6 +63,8 @@ def parallelize(model, strategy, train, fsdp_config, make_optimizer, checkpoint=
         checkpoint(model)
     elif plan.checkpointed:
         apply_activation_checkpointing(model, plan.checkpointed)
+    if strategy.mesh is not None and strategy.mesh.dims.sp > 1:
+        sequence_parallel(model)
     if float8 is not None:
         float8(model)
     elif train.mixed_precision == "fp8":
@@ -67,7 +73,7 @@ def parallelize(model, strategy, train, fsdp_config, make_optimizer, checkpoint=
         log.warning(EAGER_FP8_NOTE)
     if plan.compiled is not None:
         compile_model(model, train.dynamo_config, plan.compiled)
-    # FSDP shards its wrap classes (blocks.py)
+    # FSDP shards its wrap classes (block_classes.py)
     model, optimizer = strategy.setup(model, make_optimizer, **({"meta_start": meta_start} if meta_start else {}))
     if train.mixed_precision == "fp8":
         precompute_scales_after_step(strategy.unwrap(), optimizer)

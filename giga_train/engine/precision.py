@@ -1,5 +1,6 @@
 """Mixed precision: which autocast dtype, and whether the loss needs scaling."""
 import contextlib
+import math
 
 import torch
 
@@ -18,6 +19,16 @@ class Precision:
         if self.dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def scaled_step(self, optimizer):
+        """fp16: the scaler's step and update. Returns None when the optimizer stepped, else the loss scale
+        after the step the scaler skipped (inf or nan in the gradients: the scale was lowered). GradScaler's
+        step reads its inf check on the host already, so reading the scale adds no wait."""
+        before = self.scaler.get_scale()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        after = self.scaler.get_scale()
+        return after if after < before or not math.isfinite(after) else None
 
     def state_dict(self):
         return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}

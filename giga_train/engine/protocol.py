@@ -14,6 +14,9 @@ import torch.distributed as dist
 from .precision import Precision
 
 
+OVERFLOW = "fp16 gradients"  # the name a step skipped by the fp16 loss scaler is counted under
+
+
 @dataclass
 class StepResult:
     grad_norm: object = None     # the pre-clip gradient norm (a device tensor), or None when not computed
@@ -23,6 +26,7 @@ class StepResult:
     found_inf: object = None     # 0-dim float32 device tensor, 1.0 when this step was skipped on every rank
     flags: object = None         # the all-reduced per-name flags (a device tensor), for the host to settle later
     names: tuple = ()            # the names of `flags`
+    loss_scale: object = None    # fp16: the loss scale after a step its scaler skipped (a float, read on the host)
 
 
 class Strategy(abc.ABC):
@@ -31,6 +35,16 @@ class Strategy(abc.ABC):
     state_snapshot_detached = True
     # Whether setup() takes a model on the meta device (setup's `meta_start`, distributed/meta_start.py).
     starts_from_meta = False
+    # launch.parallelism_config (mesh.py): the mesh dimensions this engine can size above 1, the one that takes
+    # the ranks the config leaves unsized, and what the refusal of another dimension adds.
+    PARALLEL_DIMS = ()
+    FILLS_DIM = None
+    PARALLEL_NOTE = ""
+
+    @classmethod
+    def parallel_refusal(cls, dims):
+        """Why this engine cannot run these ParallelDims (None: it can); asked by `giga-train check`."""
+        return None
 
     def __init__(self, env, launch, train, micro_batch_size=1):
         self.env, self.launch, self.train = env, launch, train
@@ -38,6 +52,40 @@ class Strategy(abc.ABC):
         self.device = env.device
         self.precision = Precision(train.mixed_precision, env.device)
         self.model = self.optimizer = None
+        self.mesh = None  # a Mesh (mesh.py) when launch.parallelism_config sizes one
+
+    def build_mesh(self):
+        """The job's DeviceMesh from launch.parallelism_config (after the process group exists); hands its SP
+        group to the sequence-parallel attention."""
+        from .mesh import build_mesh
+        block = self.launch.get("parallelism_config") if hasattr(self.launch, "get") else None
+        self.mesh = build_mesh(block, self.env)
+        if self.mesh is not None and self.mesh.dims.sp > 1:
+            from .sequence_parallel import set_sequence_group
+            set_sequence_group(self.mesh.sp_group, mode=self.mesh.dims.sp_backend)
+        return self.mesh
+
+    def require_sequence_split(self):
+        """Under SP the gradients of an SP group are summed: a forward that never split its sequence
+        (shard_sequence) would count each sample sp times. Asked at the first backward."""
+        from ..errors import ConfigError
+        from .sequence_parallel import sequence_length
+        if sequence_length() is None:
+            raise ConfigError(f"launch.parallelism_config.sp_size={self.mesh.dims.sp}: the model's forward never split"
+                              " its sequence (giga_train.engine.sequence_parallel.shard_sequence, or a model hook);"
+                              " every rank of an SP group would compute the whole sample")
+        return True
+
+    @property
+    def data_rank(self):
+        """The loader's rank: this rank's data-parallel coordinate (every rank of an SP group reads the same
+        samples, and draws the same noise)."""
+        return self.mesh.data_rank if self.mesh is not None else self.env.rank
+
+    @property
+    def data_world_size(self):
+        """Ranks reading different samples: the world size without sequence parallelism."""
+        return self.mesh.data_world_size if self.mesh is not None else self.env.world_size
 
     # -- set-up ---------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -155,5 +203,8 @@ class Strategy(abc.ABC):
             dist.barrier()
 
     def close(self):
+        if self.mesh is not None and self.mesh.dims.sp > 1:
+            from .sequence_parallel import set_sequence_group
+            set_sequence_group(None)
         if dist.is_initialized() and self.env.world_size == 1:
             dist.destroy_process_group()  # the one-rank group this process made for itself

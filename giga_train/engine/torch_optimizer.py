@@ -6,7 +6,7 @@ import torch
 
 from ..checkpoint.safe_unpickle import load_dcp
 from ..optimizers.found_inf import supports_found_inf
-from .protocol import StepResult, Strategy
+from .protocol import OVERFLOW, StepResult, Strategy
 
 OPTIMIZER_DCP, PRECISION_FILE = "optimizer_dcp", "precision.pt"
 
@@ -14,6 +14,8 @@ OPTIMIZER_DCP, PRECISION_FILE = "optimizer_dcp", "precision.pt"
 class TorchOptimizerStrategy(Strategy):
     # -- one step -------------------------------------------------------------------------------
     def backward(self, loss):
+        if self.mesh is not None and self.mesh.dims.sp > 1 and not getattr(self, "_split_seen", False):
+            self._split_seen = self.require_sequence_split()
         scaler = self.precision.scaler
         (scaler.scale(loss) if scaler is not None else loss).backward()
 
@@ -45,8 +47,11 @@ class TorchOptimizerStrategy(Strategy):
                 scaler.update()  # unscale_ ran: update() closes this step for the scaler
             return StepResult(norm, decided.nonfinite_names, skipped=True)
         if scaler is not None:
-            scaler.step(self.optimizer)
-            scaler.update()
+            lowered = self.precision.scaled_step(self.optimizer)
+            self.optimizer.zero_grad(set_to_none=True)
+            if lowered is not None:  # the scaler skipped the update: counted as a skipped step
+                return StepResult(norm, (OVERFLOW,), skipped=True, loss_scale=lowered)
+            return StepResult(norm)
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

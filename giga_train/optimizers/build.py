@@ -10,7 +10,7 @@ for _name in ("AdamW", "Adam", "SGD", "Adadelta", "Adagrad", "Adamax", "ASGD", "
         OPTIMIZERS.register(getattr(torch.optim, _name))
 
 
-def build_optimizer(params_or_type, *args, **kwargs):
+def build_optimizer(params_or_type, *args, **kwargs) -> torch.optim.Optimizer:
     """`build_optimizer(cfg_or_type, params)` or `build_optimizer(cfg, params=params)`: the optimizer
     the config names (`type` or `_class_name`, a registered name or a dotted path); None without one."""
     return build_module(OPTIMIZERS, params_or_type, *args, **kwargs)

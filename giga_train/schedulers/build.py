@@ -50,7 +50,7 @@ def _merged(kwargs, extra, merge):
     return {**extra, **kwargs}
 
 
-def build_scheduler(params_or_type, optimizer, *args, **kwargs):
+def build_scheduler(params_or_type, optimizer, *args, **kwargs) -> LambdaLR:
     """GigaTrain's call form: `build_scheduler(cfg_or_type, optimizer, epoch_size=..., max_epochs=...,
     max_steps=...)` -> LambdaLR over the value scheduler (None when no type is named)."""
     params = merge_params(params_or_type, **kwargs)

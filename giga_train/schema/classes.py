@@ -3,7 +3,7 @@ installed, as GigaTrain resolves them), samplers, optimizers, schedulers; one li
 from torch.utils.data import IterableDataset
 
 from ..compat.giga_datasets import SAMPLER_NAMES, import_giga_datasets, missing_package_line
-from ..data.streaming import is_streaming
+from ..data.streaming import is_streaming  # noqa: F401  (validate.py takes it from here)
 from ..errors import ConfigError, RegistryError
 from ..registry import DATASETS, TYPE_KEYS, check_call_arguments
 

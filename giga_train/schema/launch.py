@@ -1,5 +1,5 @@
 """The config schema's `launch` section (GigaTrain's Launcher keys, Accelerate's ClusterConfig keys): the
-machines, the ranks and the strategy; Accelerate's own forms are read by schema_accelerate.py."""
+machines, the ranks and the strategy; Accelerate's own forms are read by compat/accelerate.py."""
 import numbers
 
 from ..config import Config
@@ -36,11 +36,13 @@ LAUNCH = dict(
     main_training_function=Key(None, str),  # notebook launcher only; no effect
     dynamo_config=Key(None, dict),  # Accelerate's form -> train.dynamo_config when that is unset
     collective_timeout=Key(None, numbers.Real, min=1),  # seconds (ours): the watchdog of every collective
+    # Accelerate's ParallelismConfig sizes (dp_replicate_size, dp_shard_size, sp_size, sp_backend): parallelism.py
+    parallelism_config=Key(None, dict),  # dp_replicate_size, dp_shard_size, sp_size, sp_backend: docs/parallelism.md
 )
 
 
 CLUSTER_REFUSED = ("downcast_bf16", "tpu_name", "tpu_zone", "tpu_use_cluster", "tpu_use_sudo", "command_file",
-                   "commands", "tpu_vm", "tpu_env", "megatron_lm_config", "mpirun_config", "parallelism_config",
+                   "commands", "tpu_vm", "tpu_env", "megatron_lm_config", "mpirun_config",
                    "fp8_config", "enable_cpu_affinity")
 
 

@@ -1,5 +1,5 @@
 """The config schema's dataloader sections (GigaTrain's keys): what each may hold; the datasets, samplers and
-transforms they name are checked by schema_data.py."""
+transforms they name are checked by classes.py."""
 from ..errors import ConfigError
 from ..registry import SAMPLERS, TRANSFORMS, import_object
 from .classes import check_built as _check_built, check_data as _check_data

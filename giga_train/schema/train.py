@@ -54,6 +54,10 @@ TRAIN = dict(
     log_tags=Key("grouped", str, choices=("grouped", "gigatrain")),
     nan_policy=Key("skip", str, choices=("skip", "stop", "off")),  # a non-finite loss/grad norm: skip the update
     max_nan_steps=Key(10, (int, type(None)), min=1),  # skipped steps in a row before the run stops (None: never)
+    # fp16: steps the loss scaler skipped in a row (inf/nan gradients) before the run stops (None: never); the run
+    # also stops when the scale falls below 1 (trainers/nan_guard.py). From the default scale 2**16 that is
+    # 17 skips; a scale that had grown to 2**24 would halve 25 times before reaching it.
+    max_overflow_steps=Key(30, (int, type(None)), min=1),
     eval_interval=Key(None, int, min=1),  # validate on dataloaders.val every N steps and at the last (None: never)
     eval_ema=Key(False, bool),  # validate on the EMA weights (needs with_ema)
     checkpoint_best=Key(None, dict, check=lambda v: _check_best(v)),  # dict(metric='val/loss', mode='min')

@@ -1,16 +1,18 @@
 """The config schema (GigaTrain's names): defaults, and validation that answers in one line.
 
-The whole config is checked here, section by section: schema_launch.py (launch), schema_train.py (train,
-test), schema_loader.py (dataloaders), schema_accelerate.py (Accelerate's forms), schema_data.py (the
-classes a section names), on schema_keys.py's Key."""
+The whole config is checked here, section by section: launch.py (launch), train.py (train, test), loader.py
+(dataloaders), compat/accelerate.py (Accelerate's forms), classes.py (the classes a section names), on keys.py's
+Key."""
 from .values import refuse_nan
 from ..config import Config
 from ..errors import ConfigError
 from ..registry import OPTIMIZERS, did_you_mean, import_object
 from ..schedulers import SCHEDULERS
 from ..compat.accelerate import check_cluster_key
+from .constructors import check_constructors
 from .classes import check_built as _check_built, check_streaming, is_streaming
 from .keys import REQUIRED, Key, _fill, edit_distance, near_miss
+from .parallelism import check_parallelism
 from .launch import LAUNCH, _check_launch, _pop_cluster_keys, world_size_of
 from .loader import LOADER, _check_loader
 from .train import (OPEN_SECTIONS, TEST, TRAIN, _check_test, _check_train, checkpoint_steps,
@@ -36,7 +38,7 @@ SECTIONS = dict(
 
 def validate_config(cfg):
     """Fill defaults, normalise GigaTrain's forms and check every section before any work starts. Returns the
-    imported runner objects (that each is a runner class is checked a layer up, in runners.py)."""
+    imported runner objects (that each is a runner class is checked a layer up, in launch/runners.py)."""
     if not isinstance(cfg, dict):
         raise ConfigError(f"config: expected a dict, got {type(cfg).__name__}")
     for name, spec in SECTIONS.items():  # a section given as anything but a dict: one line, not a traceback
@@ -59,6 +61,7 @@ def validate_config(cfg):
     classes = [_import_runner(f"runners[{i}]", path) for i, path in enumerate(runners)]
     _check_train(cfg.train, cfg.project_dir, given_train)
     _check_launch(cfg.launch, cfg.train)
+    check_parallelism(cfg.launch, cfg.models, world_size_of(cfg.launch))
     for key, value in cluster.items():
         check_cluster_key(key, value)
     _check_precision_device(cfg)
@@ -97,6 +100,7 @@ def validate_config(cfg):
                     raise ConfigError(f"{where}[{i}]: expected a dict with 'type', got {type(entry).__name__}")
                 _check_built(f"{where}[{i}]", registry, entry, supplied=supplied)
     _check_optimizer_layout(cfg)
+    check_constructors(cfg)  # what the optimizers' and schedulers' own constructors refuse
     return classes
 
 

@@ -13,7 +13,8 @@ import torch
 
 from ..errors import ConfigError
 from ..checkpoint.formats.model_layout import read_weights as layout_weights
-from ..checkpoint.manager import is_complete, read_meta
+from ..checkpoint.manager import check_intact, is_complete, read_meta
+from ..checkpoint.out_folder import written_folder
 from ..checkpoint.formats.weights import save_weights
 
 
@@ -26,20 +27,19 @@ def convert(checkpoint, to, out=None):
     if os.path.exists(out):
         raise ConfigError(f"--out: {out} exists; give another folder (nothing is overwritten)")
     weights, optimizer = read_state(checkpoint)
-    tmp = out + ".tmp"
-    os.makedirs(tmp)
-    if to == "full":
-        save_weights(tmp, weights)  # one model.safetensors, ModuleDict members as prefixes
-        torch.save(optimizer, os.path.join(tmp, "optimizer.pt"))
-    else:
-        import torch.distributed.checkpoint as dcp
-        dcp.save({"model": weights, "optimizer": optimizer}, checkpoint_id=tmp, no_dist=True)
-    os.rename(tmp, out)
+    with written_folder(out, "convert") as tmp:
+        if to == "full":
+            save_weights(tmp, weights)  # one model.safetensors, ModuleDict members as prefixes
+            torch.save(optimizer, os.path.join(tmp, "optimizer.pt"))
+        else:
+            import torch.distributed.checkpoint as dcp
+            dcp.save({"model": weights, "optimizer": optimizer}, checkpoint_id=tmp, no_dist=True)
     return out
 
 
 def read_state(checkpoint):
-    """(whole fp32 weights, full optimizer state dict keyed by parameter name) of a checkpoint."""
+    """(whole fp32 weights, full optimizer state dict keyed by parameter name) of a checkpoint (verified
+    by read_weights)."""
     from ..checkpoint.formats.full_state import deepspeed_meta, deepspeed_parameters, read_dcp, read_deepspeed
     weights = read_weights(checkpoint)
     if deepspeed_meta(checkpoint) is None:
@@ -55,6 +55,7 @@ def read_weights(checkpoint, ema=False):
     fp32 master weights, not its bf16 module), so no engine state is read."""
     if not is_complete(checkpoint):
         raise ConfigError(f"{checkpoint}: not a complete checkpoint folder (no meta.json)")
+    check_intact(checkpoint)  # checksums and layout, as resume: one line naming a damaged file
     meta = read_meta(checkpoint)
     if ema and not meta.get("ema"):
         raise ConfigError(f"{checkpoint}: no EMA weights (the run had train.with_ema off)")

@@ -13,12 +13,12 @@ import inspect
 import itertools
 import logging
 import os
-import shutil
 import sys
 
 import torch
 
 from .convert import read_weights
+from ..checkpoint.out_folder import written_folder
 from ..errors import ConfigError
 from ..module_dict import ModuleDict
 
@@ -35,15 +35,9 @@ def export(checkpoint, out=None, ema=False, config=None, max_shard_size="5GB", m
     members = list(model.items()) if isinstance(model, ModuleDict) else [(None, model)]
     for name, module in members:
         _check_exportable(module, name)
-    tmp = out + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)  # what an interrupted export left
-    try:
+    with written_folder(out, "export") as tmp:  # what an interrupted export left is removed first
         for name, module in members:
             save(module, tmp if name is None else os.path.join(tmp, name), max_shard_size, merged)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -9,9 +9,11 @@ import torch
 
 from ..config import Config, load_config
 from ..distributed.env import Environment
+from ..engine.single import SingleProcessStrategy
 from ..errors import ConfigError
 from ..launch.runners import validated_runners
 from ..trainers import Trainer
+from ..trainers.epochs import EpochClock
 
 
 def offline_trainer(config, overrides=(), device="meta"):
@@ -32,6 +34,9 @@ def offline_trainer(config, overrides=(), device="meta"):
     trainer.logger = logging.getLogger("giga_train")
     trainer._dataloaders, trainer._models, trainer._optimizers, trainer._schedulers = [], [], [], []
     trainer.step, trainer.ema, trainer._stepping = 0, None, False
+    # One process's engine, never set up: what unwrapped_model and the data rank are read from (build_model)
+    trainer.strategy = SingleProcessStrategy(trainer.env, cfg.launch, trainer.train_config)
+    trainer.epoch_clock = EpochClock()
     return trainer
 
 
@@ -46,6 +51,7 @@ def build_model(trainer, fake=None):
             raise ConfigError(f"get_models returned {len(model)} models: giga-train trains one module")
         model = model[0]
     trainer._models = [model]
+    trainer.strategy.model = model
     return model
 
 

@@ -1,30 +1,6 @@
 """`giga-train plan CONFIG [--set k=v] [--gpus 1,8] [--card h200|80GiB] [--json]`: the memory one GPU needs
-for the config's job, per strategy and GPU count, before anything is launched.
-
-The model is built by the config's own get_models on the meta device; the optimizer state is its real
-size after one step of the config's own optimizer there; activations are counted on fake tensors
-(memory_counts.py). Per strategy, what each of our engines keeps per GPU (N GPUs, n parameters of which
-n_t trainable, c = bytes of the compute dtype, 2 under bf16/fp16/fp8, else 4):
-
-- NO / DDP / FSDP (our torch-optimizer strategies): weights stay in the dtype get_models made (autocast
-  computes in c), so the weights are the optimizer's own, no master copy. Gradients in the weights'
-  dtype. DDP adds its flat communication buckets, one byte per gradient byte (unless
-  ddp_config.gradient_as_bucket_view=True). FSDP1/FSDP2 shard weights, gradients and optimizer state
-  over N and all-gather units in c: the root's own parameters plus two wrap units (the one computing and
-  the one prefetched).
-- DEEPSPEED ZeRO-s: the engine holds the module in c (bf16/fp16) with fp32 master weights of the trainable
-  parameters and fp32 gradients for the optimizer; ZeRO-1 partitions master and optimizer state, ZeRO-2
-  also the c gradients, ZeRO-3 also the c weights (plus stage3_max_live_parameters gathered). ZeRO-0 in
-  bf16 is DeepSpeed's unfused fp16 wrapper (full fp32 masters and fp32 gradients). Stages 1-2 add the
-  reduce bucket (reduce_bucket_size elements in c). In fp32 ZeRO-1..3 still keep an fp32 flat copy of the
-  partition (the "master" column).
-At one GPU the communication buffers (DDP's buckets, FSDP's gathered units, ZeRO's buckets and live
-parameters) are left out: the one-GPU ZeRO-2 peaks measured on the H200 are below the plan without them.
-The peak is the states plus gradients and activations as they coexist (see _peak); "sum" in --json adds
-every column (a bound). "fits" means peak <= 88% of the card: the rest for the CUDA context, NCCL
-buffers, allocator fragmentation and what the plan does not count (kernel temporaries: the measured
-peaks of bench/RESULTS.md are up to 12% above the plan; an eager 8B job planned at 90% of an H200 ran
-out of memory)."""
+for the config's job, per strategy, GPU count and sequence-parallel size (--sp), before anything is launched.
+What each column counts, per engine: docs/guide.md, "How plan counts"."""
 import json
 
 from ..engine.deepspeed_config import read_deepspeed_config
@@ -61,8 +37,9 @@ def parse_gpus(gpus):
     return counts
 
 
-def per_gpu(strategy, gpus, params, optimizer_bytes, mixed, ds_zero=None):
-    """{"params", "grads", "optimizer", "master", "buffers"} bytes on one GPU (see the module docstring)."""
+def per_gpu(strategy, gpus, params, optimizer_bytes, mixed, ds_zero=None, shard=None):
+    """{"params", "grads", "optimizer", "master", "buffers"} bytes on one GPU (see the module docstring).
+    `shard`: the ranks FSDP shards over (HSDP: gpus / dp_replicate_size; default all)."""
     n, nt, N = params.numel, params.trainable_numel, gpus
     c = 2 if mixed else 4
     if strategy in ("NO", "DDP"):
@@ -72,6 +49,7 @@ def per_gpu(strategy, gpus, params, optimizer_bytes, mixed, ds_zero=None):
         return dict(params=params.bytes, grads=params.trainable_bytes, optimizer=optimizer_bytes, master=0,
                     buffers=buckets)
     if strategy == "FSDP":
+        N = shard or N
         gathered = (params.root_numel + 2 * max(params.units, default=0)) * c if N > 1 else 0
         return dict(params=params.bytes / N, grads=params.trainable_bytes / N, optimizer=optimizer_bytes / N,
                     master=0, buffers=gathered)
@@ -89,8 +67,9 @@ def per_gpu(strategy, gpus, params, optimizer_bytes, mixed, ds_zero=None):
                 optimizer=shard(optimizer_bytes, 1), master=shard(master, 1), buffers=buffers)
 
 
-def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True):
-    """The plan as a dict (what --json prints)."""
+def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True, sp=None):
+    """The plan as a dict (what --json prints). `sp`: sequence-parallel sizes to plan DDP and FSDP at (default
+    1 and the config's sp_size)."""
     from ..engine.block_classes import wrap_class_names
     from .memory_counts import count_parameters, optimizer_state_bytes
     from .offline import build_model, offline_trainer
@@ -123,18 +102,26 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True):
     ds_zero, stage = _deepspeed_zero(cfg)
     configured = {"NO": "NO", "MULTI_GPU": "DDP", "DDP": "DDP", "FSDP": "FSDP",
                   "DEEPSPEED": f"ZERO{stage}"}.get(cfg.launch.distributed_type)
+    mesh = cfg.launch.get("parallelism_config") or {}
+    sp_sizes = sorted(set(sp or ()) | {1, int(mesh.get("sp_size", 1))})
     rows = []
     for strategy in STRATEGIES:
         act = counted["deepspeed" if strategy.startswith("ZERO") else "torch"]
         act_bytes = None if act is None else (act.checkpointed if checkpointing else act.saved)
+        replicas = int(mesh.get("dp_replicate_size", 1)) if strategy == configured == "FSDP" else 1
         for count in gpus:
-            row = per_gpu(strategy, count, params, optimizer_bytes, mixed, ds_zero)
-            if row is None:
-                continue
-            row = {k: int(v) for k, v in row.items()}
-            rows.append(dict(strategy=strategy, gpus=count, configured=strategy == configured, **row,
-                             activations=act_bytes,
-                             **_peak(row, act_bytes, accumulation, card_bytes)))
+            for size in sp_sizes:
+                if size > 1 and (strategy not in ("DDP", "FSDP") or count % size):
+                    continue  # the engines that take sp; an SP group within the GPUs
+                shard = count // replicas if count % replicas == 0 else None
+                row = per_gpu(strategy, count, params, optimizer_bytes, mixed, ds_zero, shard=shard)
+                if row is None:
+                    continue
+                row = {k: int(v) for k, v in row.items()}
+                act_rank = None if act_bytes is None else -(-act_bytes // size)
+                rows.append(dict(strategy=strategy, gpus=count, sp=size,
+                                 configured=strategy == configured and size == int(mesh.get("sp_size", 1)),
+                                 **row, activations=act_rank, **_peak(row, act_rank, accumulation, card_bytes)))
     return dict(
         config=config if isinstance(config, str) else "config", card=str(card), card_bytes=card_bytes,
         fit_fraction=FIT_FRACTION, mixed_precision=precision, optimizer=optimizer_names,
@@ -215,9 +202,9 @@ def format_plan(result):
     lines.append(f"per GPU, {unit} (*: the config's strategy); peak: states + max(grads, activations), + both when"
                  f" accumulating; fits: peak <= {result['fit_fraction']:.0%} of {result['card']}"
                  f" ({result['card_bytes'] / 2**30:.1f} GiB)")
-    header = ("strategy", "gpus", "params", "grads", "optimizer", "master", "buffers", "activations", "peak", "fits")
-    table = [header] + [(r["strategy"] + ("*" if r["configured"] else ""), str(r["gpus"]),
-                         *(size(r[k]) for k in header[2:-1]), {True: "yes", False: "NO", None: "?"}[r["fits"]])
+    header = ("strategy", "gpus", "sp", "params", "grads", "optimizer", "master", "buffers", "activations", "peak", "fits")
+    table = [header] + [(r["strategy"] + ("*" if r["configured"] else ""), str(r["gpus"]), str(r["sp"]),
+                         *(size(r[k]) for k in header[3:-1]), {True: "yes", False: "NO", None: "?"}[r["fits"]])
                         for r in result["rows"]]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
@@ -225,5 +212,6 @@ def format_plan(result):
 
 
 def plan_command(args):
-    result = plan(args.config, args.overrides, parse_gpus(args.gpus), args.card)
+    sp = parse_gpus(args.sp) if getattr(args, "sp", None) else None
+    result = plan(args.config, args.overrides, parse_gpus(args.gpus), args.card, sp=sp)
     print(json.dumps(result, indent=1, default=str) if args.json else format_plan(result))

@@ -2,12 +2,18 @@
 import json
 
 from .base import Tracker, tag, tag_group
+from .guarded import quiet_thread_errors
 
 
 class TensorBoardTracker(Tracker):
     def __init__(self, log_dir, start_step, config, hparams):
+        from tensorboard.summary.writer import event_file_writer
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+        writer_thread = getattr(event_file_writer, "_AsyncWriterThread", None)
+        if writer_thread is not None:  # its error comes back at our next call: one warning there
+            quiet_thread_errors(writer_thread)
         # purge_step hides events a crashed run wrote past the step we resume from.
         self.writer = SummaryWriter(log_dir, purge_step=start_step + 1 if start_step else None)
         self.group = tag_group(config)

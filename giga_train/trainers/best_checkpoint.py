@@ -13,10 +13,10 @@ BEST_FILE = "best.json"
 
 class BestCheckpoint:
     def __init__(self, config, folders, is_main):
-        """`folders`: the run's CheckpointManager (its `keeps` are the steps rotation never deletes)."""
+        """`folders`: the run's CheckpointManager (the best's step is protected there: never rotated, whether
+        the run counts in steps or epochs)."""
         self.metric, self.mode = config["metric"], config.get("mode", "min")
         self.folders, self.is_main = folders, is_main
-        self.given_keeps = set(folders.keeps)
         self.value = self.step = None
         self.due = None  # the step whose checkpoint must be written: it became the best
         self.released = set()  # former bests, back in the rotation
@@ -32,11 +32,11 @@ class BestCheckpoint:
             return False
         if self.value is not None and not (value < self.value if self.mode == "min" else value > self.value):
             return False
-        if self.step is not None and self.step not in self.given_keeps:
-            self.folders.keeps.discard(self.step)  # the former best rotates out like any other
+        if self.step is not None:
+            self.folders.release(self.step)  # the former best rotates out like any other (but a keep)
             self.released.add(self.step)
         self.value, self.step, self.due = value, step, step
-        self.folders.keeps.add(step)
+        self.folders.protect(step)
         return True
 
     def saved(self, step, epoch):
@@ -63,10 +63,10 @@ class BestCheckpoint:
         if limit is None or not self.released:
             return
         found = list_checkpoints(self.folders.models_dir)
-        rolling = [step for step, _ in found if step not in self.folders.keeps]
+        rolling = [step for step, path in found if not self.folders.kept(path, step)]
         covered = set(rolling[-limit:])
         for step, path in found:
-            if step in self.released and step not in covered:
+            if step in self.released and step not in covered and not self.folders.kept(path, step):
                 self.folders._delete(path)  # the manager's delete: renamed aside first, never half a checkpoint
         self.released &= covered
 
@@ -78,4 +78,4 @@ class BestCheckpoint:
         if not state or state.get("metric") != self.metric or state.get("step") is None:
             return  # another metric was tracked: start afresh
         self.value, self.step = state["value"], state["step"]
-        self.folders.keeps.add(self.step)
+        self.folders.protect(self.step)

@@ -7,10 +7,12 @@ import os
 from ..checkpoint import set_rng_state
 from ..compat.gigatrain_checkpoint import (is_gigatrain_checkpoint, latest_gigatrain_checkpoint,
                                             read_gigatrain_checkpoint)
+from ..checkpoint.manager import check_intact
 from ..checkpoint.formats.model_layout import class_name as module_class_name, folder_class_name
 from ..errors import ConfigError
 from ..schema.train import checkpoint_steps
 from ..compat.utils import load_state_dict
+from .resume_config import config_applies
 
 log = logging.getLogger("giga_train")
 
@@ -22,7 +24,8 @@ class CheckpointHooks:
         step's validation is the best so far (train.checkpoint_best)."""
         every = checkpoint_steps(self.train_config, self.epoch_size)
         best = getattr(self, "best_checkpoint", None)
-        if (every and self.step % every == 0) or self.step == self.max_steps or (best and best.due == self.step):
+        if (every and self.epoch_clock.crossed(self.step, every)) or self.step == self.max_steps or \
+                (best and best.due == self.step):
             self.save_checkpoint()
 
     def save_checkpoint(self):
@@ -49,7 +52,8 @@ class CheckpointHooks:
         path = self.checkpoints.resume_path(True if named is None else named)
         if path is None:
             return  # the checkpoint manager said so, in one line
-        self.checkpoints.load(path, self.load_state_dict)
+        with config_applies(self, path):  # the config's hyper-parameters apply; a state that cannot fit: one line
+            self.checkpoints.load(path, self.load_state_dict)
         # the epoch as the folder names it (GigaTrain's cur_epoch), not the 0-based epoch the stream is in
         log.info("resumed from %s at step %d (epoch %d)", path, self.step, self.cur_epoch)
 
@@ -110,6 +114,7 @@ class CheckpointHooks:
                 (m for m in models if module_class_name(m) == class_name), None)
             if model is None:
                 raise ConfigError(f"{folder}: holds a {class_name}, and no model given is one (No model loaded)")
+            check_intact(folder, "loaded")  # inside a checkpoint of ours: its checksums, as resume
             try:
                 state = load_state_dict(folder)
             except (OSError, ValueError) as e:  # names the folder or file
@@ -136,13 +141,14 @@ class CheckpointHooks:
     def state_dict(self):
         """The trainer's own state in a checkpoint (training_state.pt): scheduler, data position, step."""
         return {"schedulers": [s.state_dict() for s in self.schedulers], "data": self._stream.state_dict(),
-                "step": self.step}
+                "step": self.step, "epoch_offset": self.epoch_clock.state_dict()}
 
     def load_state_dict(self, state):
         for scheduler, saved in zip(self.schedulers, state.get("schedulers") or [state["scheduler"]]):
             scheduler.load_state_dict(saved)
         self._stream.load_state_dict(state["data"])
         self.step = int(state["step"])
+        self.epoch_clock.resumed(self, state["data"], state.get("epoch_offset"))
 
     def checkpoint_meta(self):
         """What meta.json records beside the files."""

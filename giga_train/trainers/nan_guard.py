@@ -7,16 +7,23 @@ device (found_inf) the flags reach the host later: each step's flags are copied
 non_blocking into pinned memory behind a CUDA event, and settled here in step order once the event has
 completed (a query, never a wait), or forcibly (a wait) where the trainer needs the truth: at a log line,
 before a checkpoint, on preemption, at the end. On the CPU the flags are there at once. Where the host
-read them itself (optimizers without found_inf, DeepSpeed) a step's record is settled as it comes."""
+read them itself (optimizers without found_inf, DeepSpeed) a step's record is settled as it comes.
+
+A step the fp16 loss scaler skipped (inf or nan gradients) counts as a skipped step too (`nan_skipped`),
+without a warning (a few are normal while the scale settles); the run stops when the scale falls below
+MIN_LOSS_SCALE (an overflow at scale 1: the gradients overflow unscaled) or after max_overflow_steps such
+skips in a row: nothing trains any more."""
 import collections
 import logging
 from dataclasses import dataclass
 
 import torch
 
+from ..engine.protocol import OVERFLOW
 from ..errors import TrainingStopped
 
 log = logging.getLogger("giga_train")
+MIN_LOSS_SCALE = 1.0  # DeepSpeed's default min_loss_scale: an overflow below it stops the run
 
 
 @dataclass
@@ -47,6 +54,7 @@ class StepFlags:
         self.step = step
         self.on_device = result.found_inf is not None  # skipped (or not) by the optimizer, on the device
         self.skipped = result.skipped
+        self.loss_scale = getattr(result, "loss_scale", None)  # the fp16 scaler's skip: the scale after it
         self.event = None
         if not self.on_device:
             self.names, self.values = result.nonfinite_names, [1.0] * len(result.nonfinite_names)
@@ -75,10 +83,12 @@ class StepFlags:
 
 
 class NanGuard:
-    def __init__(self, policy, max_in_a_row, is_main, newest_checkpoint=lambda: None):
+    def __init__(self, policy, max_in_a_row, is_main, newest_checkpoint=lambda: None, max_overflow=float("inf")):
         self.policy, self.max_in_a_row, self.is_main = policy, max_in_a_row, is_main
         self.newest_checkpoint = newest_checkpoint  # called only for a stop's message
+        self.max_overflow = max_overflow  # fp16 scaler skips in a row before the run stops
         self.in_a_row = 0  # consecutive skipped steps
+        self.overflow_in_a_row = 0  # consecutive steps the fp16 loss scaler skipped
         self.window = 0    # skipped since the last log line (the `nan_skipped` scalar)
         self.pending = collections.deque()  # StepFlags not settled yet, oldest first
         self.stopping = None  # a TrainingStopped found by a settle that must not raise on its own (see settle)
@@ -94,7 +104,7 @@ class NanGuard:
         return lambda grad_norm: decide(strategy, loss, grad_norm)
 
     def record(self, step, result):
-        if self.enabled:
+        if self.enabled or OVERFLOW in result.nonfinite_names:  # the scaler's skips count with the guard off too
             self.pending.append(StepFlags(step, result))
 
     def settle(self, now, wait=False, on_settled=None):
@@ -113,9 +123,12 @@ class NanGuard:
             if on_settled is not None:
                 on_settled(flags)
             if not bad:
-                self.in_a_row = 0
+                self.in_a_row = self.overflow_in_a_row = 0
                 continue
-            error = self._count_bad_step(flags.step, bad, flags.skipped, now)
+            if bad == (OVERFLOW,):
+                error = self._count_overflow(flags.step, flags.loss_scale, now)
+            else:
+                error = self._count_bad_step(flags.step, bad, flags.skipped, now)
             if error is not None:
                 if wait:
                     raise error
@@ -142,6 +155,26 @@ class NanGuard:
             log.warning("step %d: non-finite %s; skipped the update (%d in a row, train.max_nan_steps=%d)",
                         step, what, self.in_a_row, self.max_in_a_row)
         return None
+
+    def _count_overflow(self, step, loss_scale, now):
+        """A step the fp16 loss scaler skipped: counted (no warning), or the TrainingStopped to raise when
+        the scale fell below MIN_LOSS_SCALE or train.max_overflow_steps were skipped in a row."""
+        self.overflow_in_a_row += 1
+        self.window += 1
+        since = step - self.overflow_in_a_row + 1
+        why = None
+        if loss_scale is not None and loss_scale < MIN_LOSS_SCALE:
+            why = f"the loss scale fell to {loss_scale:g}, below its floor {MIN_LOSS_SCALE:g}"
+        elif self.overflow_in_a_row >= self.max_overflow:
+            why = f"train.max_overflow_steps={self.max_overflow}"
+        if why is None:
+            log.debug("step %d: fp16 gradients overflowed; the loss scaler skipped the update", step)
+            return None
+        later = f" at step {now}" if now != step else ""
+        return TrainingStopped(
+            f"step {step}: fp16 gradients inf or nan in every step since step {since} ({self.overflow_in_a_row}"
+            f" skipped, no update; {why}): nothing trains; stopped{later}, nothing saved; newest good"
+            f" checkpoint: {self.newest_checkpoint() or 'none yet'}")
 
     def take_window(self):
         count, self.window = self.window, 0

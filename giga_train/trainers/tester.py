@@ -84,54 +84,54 @@ class Tester(Runner):
         self.log_interval = self.options.get("log_interval", 100)
         self._cur_step = 0
 
-    def extra_options(self, options):
+    def extra_options(self, options) -> dict:
         return tester_kwargs(options)
 
-    def prepare_arguments(self, config):
+    def prepare_arguments(self, config) -> dict:
         models = config.models
         return dict(dataloaders=config.dataloaders.test, models=models.test if "test" in models else models)
 
-    def prepare(self, dataloaders, models):
+    def prepare(self, dataloaders, models) -> None:
         self._dataloaders = [OnDevice(d, self.device) if isinstance(d, torch.utils.data.DataLoader) else d
                              for d in as_list(self.get_dataloaders(dataloaders))]
         self._models = [m.to(self.device) if isinstance(m, torch.nn.Module) else m
                         for m in as_list(self.get_models(models))]
 
-    def get_dataloaders(self, data_config):
+    def get_dataloaders(self, data_config) -> torch.utils.data.DataLoader:
         """A DataLoader over this rank's part of the dataset, in order (no shuffling, no padding)."""
         return ordered_loader(data_config, lambda size, batch_size: RankShard(size, batch_size, self.process_index,
                                                                                self.num_processes),
                               "dataloaders.test")
 
-    def get_models(self, model_config):
+    def get_models(self, model_config) -> torch.nn.Module:
         raise NotImplementedError(f"{type(self).__name__} must define get_models(self, model_config)")
 
-    def test(self):
+    def test(self) -> None:
         raise NotImplementedError(f"{type(self).__name__} must define test(self)")
 
     # -- GigaTrain's properties and print hooks ---------------------------------------------------
     @property
-    def batch_size(self):
+    def batch_size(self) -> int:
         return self.dataloader.batch_sampler.batch_size * self.num_processes
 
     @property
-    def epoch_size(self):
+    def epoch_size(self) -> int:
         return len(self.dataloader)
 
     @property
-    def cur_step(self):
+    def cur_step(self) -> int:
         return self._cur_step
 
-    def print_before_test(self):
+    def print_before_test(self) -> None:
         self.logger.info("num_processes: %d, process_index: %d, data_size: %d, batch_size: %d, epoch_size: %d",
                          self.num_processes, self.process_index, self.data_size, self.batch_size, self.epoch_size)
         self._step_tic = self._start_tic = time.perf_counter()
 
-    def print_step(self):
+    def print_step(self) -> None:
         if self.cur_step % self.log_interval == 0:
             elapsed, self._step_tic = time.perf_counter() - self._step_tic, time.perf_counter()
             self.logger.info("Node[%d] Step[%d/%d] time: %.3f, speed: %.3f", self.process_index, self.cur_step,
                              self.epoch_size, elapsed, self.log_interval * self.batch_size / max(elapsed, 1e-9))
 
-    def print_after_test(self):
+    def print_after_test(self) -> None:
         self.logger.info("Node[%d] total time: %.1f s", self.process_index, time.perf_counter() - self._start_tic)

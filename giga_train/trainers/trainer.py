@@ -39,6 +39,7 @@ from ..tracking.metrics import MetricSums
 from .best_checkpoint import BestCheckpoint
 from .gigatrain_attributes import GigaTrainAttributes
 from .checkpointing import CheckpointHooks
+from .epochs import EpochClock, max_steps_by_epochs
 from .nan_guard import NanGuard, SchedulerRewind
 from . import random_streams
 from ..compat.utils import as_list
@@ -75,6 +76,7 @@ class Trainer(GigaTrainAttributes, CheckpointHooks, Runner):
         if self.train_config.get("allow_tf32", True) and torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         self.step = 0  # optimizer steps completed (cur_step is GigaTrain's, 1-based inside a step)
+        self.epoch_clock = EpochClock()  # epochs by the samples seen (a resume may change the batch)
         self._stepping = False
         self._optimizers, self._schedulers, self.ema = [], [], None
         self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
@@ -128,7 +130,8 @@ class Trainer(GigaTrainAttributes, CheckpointHooks, Runner):
                                         rank_state=self._stream if getattr(self._stream, "per_rank_state", False)
                                         else None)
         max_nan = train.max_nan_steps if train.max_nan_steps is not None else float("inf")  # None: never stop
-        self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest)
+        self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest_finite,
+                                  max_overflow=train.max_overflow_steps or float("inf"))
         self._scheduler_rewind = SchedulerRewind(self.schedulers, self.optimizers)
         val = self.config.dataloaders.get("val")
         if train.eval_interval and val is not None:
@@ -140,11 +143,13 @@ class Trainer(GigaTrainAttributes, CheckpointHooks, Runner):
         if train.checkpoint_best:
             self.best_checkpoint = BestCheckpoint(train.checkpoint_best, self.checkpoints.folders,
                                                   self.is_main_process)
-        random_streams.continue_after_build(self._built_rng, train.seed, self.process_index)
+        # data ranks differ from here (dropout, noise); data rank 0 goes on with GigaTrain's stream
+        random_streams.continue_after_build(self._built_rng, train.seed, self.strategy.data_rank)
 
     def get_dataloaders(self, data_config):
         """The training data: micro-batches on the device, resumable to the exact sample."""
-        return build_stream(data_config, self.train_config.seed, self.process_index, self.num_processes,
+        rank, world = self.data_rank_and_world  # an SP group's ranks read the same samples
+        return build_stream(data_config, self.train_config.seed, rank, world,
                             self.device, accumulation=self.gradient_accumulation_steps,
                             data_parallel_size=self.train_config.get("data_parallel_size") or 1)
 
@@ -244,7 +249,14 @@ class Trainer(GigaTrainAttributes, CheckpointHooks, Runner):
         """Samples per optimizer step, all ranks together."""
         per_rank = getattr(self.dataloader, "batch_size", None) or 1
         parallel = self.train_config.get("data_parallel_size") or 1
-        return per_rank * self.num_processes * self.gradient_accumulation_steps // parallel
+        return per_rank * self.data_rank_and_world[1] * self.gradient_accumulation_steps // parallel
+
+    @property
+    def data_rank_and_world(self):
+        """(this rank's data-parallel coordinate, the data-parallel ranks): the rank and world size without
+        sequence parallelism; without an engine (the offline tools) the process's."""
+        strategy = getattr(self, "strategy", None)
+        return (strategy.data_rank, strategy.data_world_size) if strategy else (self.process_index, self.num_processes)
 
     @property
     def epoch_size(self):
@@ -262,7 +274,8 @@ class Trainer(GigaTrainAttributes, CheckpointHooks, Runner):
     @property
     def max_steps(self):
         max_steps = self.train_config.max_steps or 0
-        return max_steps if max_steps > 0 else self.train_config.max_epochs * self.epoch_size
+        return max_steps if max_steps > 0 else max_steps_by_epochs(self.train_config.max_epochs, self.epoch_size,
+                                                                   self.epoch_clock)
 
     @property
     def cur_step(self):
@@ -271,7 +284,7 @@ class Trainer(GigaTrainAttributes, CheckpointHooks, Runner):
 
     @property
     def cur_epoch(self):
-        return int(math.ceil(self.cur_step / self.epoch_size))
+        return int(math.ceil(self.epoch_clock.steps(self.cur_step) / self.epoch_size))
 
     @property
     def epoch(self):

@@ -139,8 +139,8 @@ def scenario_phases(name, project_dir):
 
         data_dir = os.path.join(os.path.dirname(project_dir), 'data')
         if not os.path.exists(os.path.join(data_dir, 'done')):
-            a = write_pkl_dataset(os.path.join(data_dir, 'part_a'), size=12, seed=0, start=0)
-            b = write_pkl_dataset(os.path.join(data_dir, 'part_b'), size=10, seed=0, start=12)
+            write_pkl_dataset(os.path.join(data_dir, 'part_a'), size=12, seed=0, start=0)
+            write_pkl_dataset(os.path.join(data_dir, 'part_b'), size=10, seed=0, start=12)
             write_pkl_dataset(os.path.join(data_dir, 'test'), size=10, seed=1)
             open(os.path.join(data_dir, 'done'), 'w').close()
         cfg['dataloaders']['train'] = dict(

@@ -24,7 +24,9 @@ import sys
 import torch
 from torch.distributed.tensor import DTensor
 
+from ...errors import CorruptCheckpointError
 from ...module_dict import ModuleDict
+from ..checksums import inside
 from .weights import SAFETENSORS_WEIGHTS_NAME, WEIGHTS_NAME, load_state_dict
 from .full_state import read_dcp_whole
 from .weights import FINITE_KEY, load_weights, write_tensors
@@ -102,6 +104,22 @@ def _local_parts(value):
     if callable(getattr(value, "local_shards", None)):
         return [shard.tensor for shard in value.local_shards()]
     return [value] if isinstance(value, torch.Tensor) else []
+
+
+def layout_problem(checkpoint, meta):
+    """One line when meta.json's `layout` names a folder or file outside `checkpoint` (a rewritten
+    meta.json, a symlink out): nothing is read from there. None when it stays inside."""
+    layout = meta.get("layout")
+    if not isinstance(layout, dict):
+        return None
+    models, live = layout.get("models", {}), layout.get("live", [])
+    if not isinstance(models, dict) or not isinstance(live, list):
+        return f"{os.path.join(checkpoint, 'meta.json')}: its layout is damaged"
+    for rel in [*models, *[folder + EMA_SUFFIX for folder in models], *live]:
+        if not inside(checkpoint, rel):
+            return (f"{os.path.join(checkpoint, 'meta.json')}: layout entry {rel!r} points outside the checkpoint"
+                    " folder (meta.json is not the one its save wrote)")
+    return None
 
 
 def live_weights(meta):
@@ -187,6 +205,9 @@ def read_weights(checkpoint, meta=None, ema=False):
         with open(os.path.join(checkpoint, "meta.json")) as f:
             meta = json.load(f)
     layout = meta.get("layout")
+    problem = layout_problem(checkpoint, meta)
+    if problem is not None:
+        raise CorruptCheckpointError(f"{problem}; nothing was loaded", checkpoint)
     if is_sharded(meta):
         return read_dcp_whole(shards_folder(checkpoint, ema), SHARDS_KEY)
     if not isinstance(layout, dict):

@@ -8,6 +8,8 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from ..checksums import inside
+
 WEIGHTS_SAFE, WEIGHTS_PICKLE = ".safetensors", ".bin"
 FINITE_KEY = "giga_train_finite"
 
@@ -114,7 +116,11 @@ def _weights_files(folder):
                 weight_map = json.load(f).get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise ValueError(f"{index}: no weight_map")
-            return [os.path.join(folder, shard) for shard in sorted(set(weight_map.values()))]
+            shards = sorted(set(weight_map.values()))
+            outside = next((shard for shard in shards if not inside(folder, shard)), None)
+            if outside is not None:
+                raise ValueError(f"{index}: names shard {outside!r} outside the folder; nothing is read from there")
+            return [os.path.join(folder, shard) for shard in shards]
     found = sorted(glob.glob(os.path.join(folder, "*.safetensors")) + glob.glob(os.path.join(folder, "*.bin")))
     if len(found) == 1:
         return found

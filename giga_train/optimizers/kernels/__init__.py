@@ -4,7 +4,7 @@ import functools
 import os
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_available():
     try:
         import triton  # noqa: F401

@@ -323,9 +323,9 @@ class ShardedFactoredBucket(_OnShards, FactoredBucket):
         meta[:, 9] = 1
         self.meta_red = meta
         nc, n = self.ncols, len(params)
-        self.bufA = torch.empty(nc + n, **f32)
-        self.bufB = torch.empty(3 * nc + 4 * n, **f32)
-        self.bufC = torch.empty(n, **f32)
+        self.factor_sums = torch.empty(nc + n, **f32)  # column sums, row-EMA totals: one all-reduce
+        self.residual_sums = torch.empty(3 * nc + 4 * n, **f32)  # raw column sums, raw totals, old residual row totals
+        self.param_square_sums = torch.empty(n, **f32)  # each parameter's square sum (its RMS)
         self.ones_segs = segments([1] * n, dev)
 
     def step(self, grads, group, found_inf=None):
@@ -340,7 +340,7 @@ class ShardedFactoredBucket(_OnShards, FactoredBucket):
         small = lambda size: (cdiv1(size, SMALL_BLOCK),)  # noqa: E731
         tile_args = dict(RC=self.rc, BR=self.br, BC=self.bc, PREFETCH=PREFETCH_REDUCE, num_warps=REDUCE_WARPS)
         rp, cp = self.rowpart.stride(0), self.colpart.stride(0)
-        A, B = self.bufA, self.bufB
+        A, B = self.factor_sums, self.residual_sums
 
         K._sq_sums_kernel[tiles](gbase, gtab, self.meta, self.tiles, self.rowpart, self.colpart, eps1,
                                  ALIGNED=aligned, **tile_args)
@@ -390,6 +390,7 @@ class ShardedFactoredBucket(_OnShards, FactoredBucket):
             self.rcinv2, self.ressum, self.mom, self.scales, self.psq, self.steps, flag, group["lr"],
             group["weight_decay"], b1, P_KIND=pk, ALIGNED=aligned, QUANT=self.quantized,
             WIDE=self.wide, BS=self.block_size, PREFETCH=PREFETCH_UPDATE and self.nb > 1, num_warps=UPDATE_WARPS)
-        S._segsum_kernel[(n,)](self.psq, self.block_segs, self.bufC, BLOCK=SMALL_BLOCK)
-        self._sum(self.bufC)  # C: the parameters' square sums (their RMS)
-        S._finish_kernel[(n,)](self.bufC, self.ones_segs, self.numel, self.rms, self.steps, flag, BLOCK=SMALL_BLOCK)
+        S._segsum_kernel[(n,)](self.psq, self.block_segs, self.param_square_sums, BLOCK=SMALL_BLOCK)
+        self._sum(self.param_square_sums)  # all ranks' pieces
+        S._finish_kernel[(n,)](self.param_square_sums, self.ones_segs, self.numel, self.rms, self.steps, flag,
+                               BLOCK=SMALL_BLOCK)

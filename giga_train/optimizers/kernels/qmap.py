@@ -2,16 +2,9 @@
 
 A block of `block_size` consecutive elements stores its absmax in fp32; an element x stores
 code = 127 + sign(x) * k with k = floor(127 * sqrt(|x| / absmax) + 0.5), and decodes to
-sign * (k / 127)^2 * absmax. Codes 0..254 are used (127 is 0, 254 is +absmax, 0 is -absmax).
-
-Why this map: CAME's momentum is heavy-tailed inside a block, so codes must be denser near zero
-than a linear map's; the square-root map does that with no search (encode is one sqrt and a
-rounding, decode one multiply), and its trajectory drift against fp32 CAME on heavy-tailed gradients
-(Student-t, rows 1000x apart in scale) is lower than the 4-decade dynamic map it replaces (0.022 vs 0.026 on
-4096x1024; tests/test_optimizers.py measures it). Rounding is to nearest in the sqrt domain.
-
-The Triton kernels (kernels/came_codec.py) evaluate the same fp32 formulas.
-"""
+sign * (k / 127)^2 * absmax. Codes 0..254 are used (127 is 0, 254 is +absmax, 0 is -absmax). The Triton
+kernels (kernels/came_codec.py) evaluate the same fp32 formulas; why this map: docs/guide.md, "CAME8Bit's code
+map"."""
 import functools
 
 import torch
@@ -25,7 +18,7 @@ def num_blocks(numel, block_size):
     return -(-numel // block_size)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _table(device):
     k = torch.arange(256, dtype=torch.int32) - ZERO_CODE
     return ((k * k.abs()).float() * torch.tensor(INV_SQ, dtype=torch.float32)).to(device)

@@ -1,8 +1,10 @@
-"""bench/throughput.py at the tiny size on CPU: both paths run through the real runner (one process
-each), give the same losses at the same seed, and every failure mode ends as a row, not a crash."""
+"""bench/throughput.py's own tests (bench code is tested beside it, not from tests/): at the tiny size on CPU both
+paths run through the real runner (one process each), give the same losses at the same seed, and every failure
+mode ends as a row, not a crash. Speed itself is the bench's to measure: nothing here asserts a timing."""
 import json
 
 import pytest
+import torch
 
 from bench import throughput as bench
 from bench.llama import SHAPES
@@ -22,10 +24,9 @@ def test_both_paths_run_with_equal_losses_and_the_json_has_the_fields(tmp_path, 
     # fp32 on CPU, same seed, same batches, same ops: the two loops agree to rounding (rtol 1e-6).
     assert rows["giga"]["losses"] == pytest.approx(rows["hand"]["losses"], rel=1e-6)
     assert rows["giga"]["loss_max_rel_diff"] <= 1e-6
-    # the ratio of the two rows of this run (not another row's, not step times), in a band a tiny CPU run
-    # on shared cores stays in: an order of magnitude off means the pairing or the timing is wrong
+    # the comparison pairs the two rows of this run (not another row's, not step times)
     ratio = rows["giga"]["tokens_per_s"] / rows["hand"]["tokens_per_s"]
-    assert rows["giga"]["ours_over_hand"] == pytest.approx(ratio, rel=1e-9) and 0.25 < ratio < 4, rows
+    assert rows["giga"]["ours_over_hand"] == pytest.approx(ratio, rel=1e-9), rows
     assert rows["giga"]["losses"][0] != rows["giga"]["losses"][-1], "the optimizer must have stepped"
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("| tiny | 2 | no | eager | adamw | hand-written |"), last
@@ -71,14 +72,15 @@ def test_targets_compare_ours_with_hand_and_fp8_with_bf16():
                      "fp8 / bf16 tokens/s, 8B, adamw, batch 1": True}
 
 
-def test_flop_count_matches_the_gpu_anchor():
-    """The H200 probe of 2026-12-02 (a hand-written loop on the 1B shape): 61.1k tokens/s was 37.9% MFU of
-    989 TFLOP/s, and 81.7k was 50.7%."""
-    flops = SHAPES["1b"].flops_per_token()
-    assert 61.1e3 * flops / 989e12 == pytest.approx(0.379, abs=0.001)
-    assert 81.7e3 * flops / 989e12 == pytest.approx(0.507, abs=0.001)
+def test_shapes_are_the_models_they_are_named_after():
+    """Parameter counts: Llama-3-8B's published 8.03B; the 13B shape is Llama-2-13B's. FLOPs per token: PaLM's
+    count, 6 per matmul parameter plus 12 x layers x dim x seq for attention, written out for the 1B shape."""
     assert SHAPES["13b"].params() == pytest.approx(13.0e9, rel=0.01)
     assert SHAPES["8b"].params() == pytest.approx(8.03e9, rel=0.01)
+    d, layers, ffn, vocab, seq = 2048, 16, 5632, 32000, 2048  # 16 heads, 16 kv heads: q, k, v, o all d x d
+    matmul = layers * (4 * d * d + 3 * d * ffn) + d * vocab
+    assert SHAPES["1b"].linear_params() == matmul
+    assert SHAPES["1b"].flops_per_token() == 6 * matmul + 12 * layers * d * seq
 
 
 def test_gradient_accumulation_gives_equal_losses_in_both_paths(tmp_path):
@@ -104,3 +106,19 @@ def test_metrics_row_logs_the_trainers_tokens_and_counted_flops():
     counted = logged["tflops_per_device"] * 1e12 / logged["tokens_per_sec"]
     assert min(abs(counted - f) / f for f in (6 * shape.linear_params(), shape.flops_per_token())) < 1e-6, counted
     assert "mfu" not in logged and logged["peak_rss_gb"] > 0  # no peak FLOP/s on CPU
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_throughput_bench_counts_one_sync_per_log_line_on_the_giga_path():
+    """The bench's probe counts syncs (sync-debug "warn") over the timed steps [warmup, steps). With the
+    default single log line after them the giga path syncs no more than the hand-written loop; with a
+    log line every 5 steps, one more per log line inside the window (its scalars' host read).
+    (Moved from tests/test_sync_free_cuda.py: it runs the bench.)"""
+    spec = dict(size="tiny", device="cuda", steps=20, warmup=5)
+    hand = bench.run_row(bench.row_spec(path="hand", **spec))
+    giga = bench.run_row(bench.row_spec(path="giga", **spec))
+    logged = bench.run_row(bench.row_spec(path="giga", log_interval=5, **spec))
+    assert all(r["status"] == "ok" and r["finite"] for r in (hand, giga, logged))
+    assert giga["syncs"] <= hand["syncs"], (giga["syncs"], hand["syncs"])
+    in_window = len([s for s in range(spec["warmup"] + 1, spec["steps"]) if s % 5 == 0])  # logs at 10, 15
+    assert logged["syncs"] <= hand["syncs"] + in_window, (logged["syncs"], hand["syncs"], in_window)
