@@ -1,8 +1,8 @@
-"""The global random streams (python, numpy, torch) around building: rank 0 continues from where get_models
-left them, as GigaTrain's does (its one set_seed at construction, nothing reseeded after), so the same seed
-gives GigaTrain's noise in forward_step; what our engine draws while wrapping the model is undone; every
-other rank is reseeded with seed + rank, so that ranks draw different noise (GigaTrain's ranks all draw the
-same stream: docs/GIGATRAIN.md)."""
+"""The global random streams (python, numpy, torch) around building: data rank 0 continues from where
+get_models left them, as GigaTrain's does (its one set_seed at construction, nothing reseeded after), so the
+same seed gives GigaTrain's noise in forward_step; what our engine draws while wrapping the model is undone;
+every other data rank is reseeded with seed + data rank, so that ranks draw different noise (GigaTrain's
+ranks all draw the same stream: docs/GIGATRAIN.md)."""
 import random
 
 import numpy as np
@@ -21,7 +21,7 @@ def capture():
 
 
 def continue_after_build(state, seed, rank):
-    """At the end of prepare: rank 0 back to `state` (captured right after get_models), others reseeded."""
+    """At the end of prepare: data rank 0 back to `state` (captured right after get_models), others reseeded."""
     if rank:
         seed_everything(seed + rank)
         return
