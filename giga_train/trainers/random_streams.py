@@ -20,9 +20,12 @@ def capture():
     return random.getstate(), np.random.get_state(), torch.get_rng_state()
 
 
-def continue_after_build(state, seed, rank):
-    """At the end of prepare: data rank 0 back to `state` (captured right after get_models), others reseeded."""
-    if rank:
+def continue_after_build(state, seed, rank, shared=False):
+    """At the end of prepare: data rank 0 back to `state` (captured right after get_models), others reseeded.
+    `shared`: several processes share a data rank (sequence parallelism, not in GigaTrain): all of them are
+    reseeded seed + rank, so that they draw the same noise (their get_models may have drawn differently: one
+    built the weights, the others on the meta device)."""
+    if rank or shared:
         seed_everything(seed + rank)
         return
     random.setstate(state[0])

@@ -144,7 +144,8 @@ class Trainer(GigaTrainAttributes, CheckpointHooks, Runner):
             self.best_checkpoint = BestCheckpoint(train.checkpoint_best, self.checkpoints.folders,
                                                   self.is_main_process)
         # data ranks differ from here (dropout, noise); data rank 0 goes on with GigaTrain's stream
-        random_streams.continue_after_build(self._built_rng, train.seed, self.strategy.data_rank)
+        random_streams.continue_after_build(self._built_rng, train.seed, self.strategy.data_rank,
+                                            shared=self.strategy.data_world_size != self.num_processes)
 
     def get_dataloaders(self, data_config):
         """The training data: micro-batches on the device, resumable to the exact sample."""
