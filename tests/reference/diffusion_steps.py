@@ -85,39 +85,37 @@ RECORD = dict(steps=[])
 from giga_train import Trainer  # noqa: E402  (GigaTrain's, or ours)
 
 
-if True:  # one class, the runner the config names
-    class DenoiserTrainer(Trainer):
-        def get_models(self, model_config):
-            model = Denoiser(lora=bool(model_config.get('lora', False)))
-            if model_config.get('bf16'):  # built in bf16, as projects cast a transformer
-                model.to(torch.bfloat16)
-            params = [p for p in model.parameters() if p.requires_grad]
-            for p in params:
-                p.register_hook(self._grad_hook)
-            self._params = params
-            return model
+class DenoiserTrainer(Trainer):
+    def get_models(self, model_config):
+        model = Denoiser(lora=bool(model_config.get('lora', False)))
+        if model_config.get('bf16'):  # built in bf16, as projects cast a transformer
+            model.to(torch.bfloat16)
+        params = [p for p in model.parameters() if p.requires_grad]
+        for p in params:
+            p.register_hook(self._grad_hook)
+        self._params = params
+        return model
 
-        def _grad_hook(self, grad):
-            RECORD['steps'][-1]['grad_sq'] += float(grad.double().pow(2).sum())
-            return grad
+    def _grad_hook(self, grad):
+        RECORD['steps'][-1]['grad_sq'] += float(grad.double().pow(2).sum())
+        return grad
 
-        def forward_step(self, batch_dict):
-            dtype = next(self.model.parameters()).dtype
-            latents = batch_dict['latents'].to(self.device, dtype)
-            cond = batch_dict['cond'].to(self.device, dtype)
-            weights = torch.cat([p.detach().float().reshape(-1) for p in self.model.parameters()])
-            noise = torch.randn_like(latents)
-            t = torch.rand(latents.shape[0], device=latents.device, dtype=dtype)
-            noisy = (1 - t)[:, None, None, None, None] * latents + t[:, None, None, None, None] * noise
-            pred = self.model(noisy, t, cond)
-            loss = (pred - (noise - latents)).float().pow(2).mean()
-            RECORD['steps'].append(dict(loss=loss.item(), grad_sq=0.0, indices=[int(i) for i in batch_dict['index']],
-                                        weights=hashlib.sha256(weights.numpy().tobytes()).hexdigest()[:16]))
-            return dict(mse=loss)
+    def forward_step(self, batch_dict):
+        dtype = next(self.model.parameters()).dtype
+        latents = batch_dict['latents'].to(self.device, dtype)
+        cond = batch_dict['cond'].to(self.device, dtype)
+        weights = torch.cat([p.detach().float().reshape(-1) for p in self.model.parameters()])
+        noise = torch.randn_like(latents)
+        t = torch.rand(latents.shape[0], device=latents.device, dtype=dtype)
+        noisy = (1 - t)[:, None, None, None, None] * latents + t[:, None, None, None, None] * noise
+        pred = self.model(noisy, t, cond)
+        loss = (pred - (noise - latents)).float().pow(2).mean()
+        RECORD['steps'].append(dict(loss=loss.item(), grad_sq=0.0, indices=[int(i) for i in batch_dict['index']],
+                                    weights=hashlib.sha256(weights.numpy().tobytes()).hexdigest()[:16]))
+        return dict(mse=loss)
 
 
 def run(case):
-    import giga_train
     register()
     cls = DenoiserTrainer
     workdir = case.get('workdir') or tempfile.mkdtemp(prefix='diffusion-steps-')
