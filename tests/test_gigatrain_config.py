@@ -104,7 +104,7 @@ def test_every_gigatrain_trainer_keyword_is_accepted(tmp_path):
     t = cfg.train
     assert t.ddp_config.find_unused_parameters and t.data_parallel_size == 2 and not t.log_cpu_memory
     assert not t.checkpoint_save_optimizer and not t.allow_tf32 and t.logging_dir == "/tmp/somewhere/logs"
-    assert t.grad_norm_type == math.inf and t.max_nan_steps == 50
+    assert t.grad_norm_type == math.inf and t.max_nan_steps == 51  # GigaTrain stops at the 51st NaN step
     # GigaTrain's Trainer reads these from self.kwargs: they are there in ours too
     assert train_kwargs(t) == dict(max_grad_norm=1.0, grad_norm_type=math.inf, loss_nan_total_limit=50, resume=True)
 
@@ -123,7 +123,7 @@ def test_defaults_and_seed(tmp_path):
 
 def test_loss_nan_total_limit_maps_onto_max_nan_steps(tmp_path):
     assert checked(tmp_path, loss_nan_total_limit=-1).train.max_nan_steps is None  # <= 0: never stop
-    assert checked(tmp_path, loss_nan_total_limit=7, max_nan_steps=7).train.max_nan_steps == 7
+    assert checked(tmp_path, loss_nan_total_limit=7, max_nan_steps=8).train.max_nan_steps == 8
     refused(tmp_path, "train: loss_nan_total_limit and max_nan_steps disagree", loss_nan_total_limit=7,
             max_nan_steps=3)
 

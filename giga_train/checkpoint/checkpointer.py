@@ -225,7 +225,7 @@ class Checkpointer:
             if is_sharded(meta):
                 self.load_ema_shards(shards_folder(path, ema=True), step)
             else:
-                self.ema.load_state_dict(read_weights(path, meta, ema=True), step)
+                self.ema.load_state_dict(read_weights(path, meta, ema=True), step, self.strict, path)
         data_file = os.path.join(path, f"data_state_{self.env.rank}.pt")
         if self.rank_state is not None and os.path.isfile(data_file):
             self.rank_state.load_state_dict(torch.load(data_file, map_location="cpu", weights_only=True))

@@ -35,6 +35,20 @@ def _is_ours(cfg):
     return not isinstance(name, str) or name in DATASETS or "." in name
 
 
+# giga_datasets' datasets registered only when an optional package imports (giga_datasets/datasets/__init__.py)
+NEEDS_PACKAGE = {"LeRobotDataset": "lerobot", "LeRobotVQADataset": "lerobot"}
+
+
+def missing_package_line(where, name):
+    """The one line for a giga_datasets dataset that its optional package would register, or None."""
+    package = NEEDS_PACKAGE.get(name)
+    if package is None:
+        return None
+    return (f"{where}: dataset '{name}' is giga_datasets', registered only when the {package} package imports, and"
+            f" it does not here: pip install {package} (giga-datasets 1.1 pins lerobot==0.4.4, which needs"
+            f" torch<2.11)")
+
+
 def load_dataset(data_or_config, where="data_or_config"):
     """(dataset, opened_by_giga_datasets) for GigaTrain's `data_or_config` forms; a Dataset object as it is."""
     if isinstance(data_or_config, dict) and _is_ours(data_or_config):
@@ -57,6 +71,8 @@ def load_dataset(data_or_config, where="data_or_config"):
         from giga_datasets.datasets.dataset import DATASETS as registered
         name = next((data_or_config[k] for k in TYPE_KEYS if k in data_or_config), None)
         if name not in registered:
+            if missing_package_line(where, name):
+                raise ConfigError(missing_package_line(where, name))
             raise ConfigError(f"{where}: unknown dataset '{name}' (neither giga-train's DATASETS nor"
                               f" giga_datasets' register_dataset know it)")
         return gd.load_dataset(dict(data_or_config)), True

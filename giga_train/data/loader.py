@@ -193,6 +193,8 @@ class DataStream:
             self._tagged.start = self.batch_in_epoch
         # A generator of our own: creating an iterator must not draw from the global RNG (exact resume).
         self.loader.generator = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
+        if self.epoch == 0 and self.batch_in_epoch == 0 and self.samples_seen == 0:
+            draw_like_gigatrains_iterator()
         self._iter = iter(self.loader)
 
     def _next_raw(self):
@@ -222,6 +224,15 @@ class DataStream:
         elif self.device.type == "cuda":
             self._ahead = to_device(self._next_raw(), self.device)
         return batch
+
+
+def draw_like_gigatrains_iterator():
+    """The one draw GigaTrain's loader makes from the global torch RNG: torch's _BaseDataLoaderIter takes an
+    int64 base seed from it when GigaTrain's train() creates its one iterator (giga_datasets' samplers are
+    endless: no iterator is created again), before the first batch. Made once, when the stream starts at its
+    first sample: a resume restores the RNG state saved after it, so the resumed stream is the uninterrupted
+    one. With it, forward_step's torch.randn draws GigaTrain's noise from the same seed."""
+    torch.empty((), dtype=torch.int64).random_()
 
 
 def build_stream(cfg, seed, rank, world_size, device, accumulation=1, data_parallel_size=1):

@@ -2,7 +2,7 @@
 installed, as GigaTrain resolves them), samplers, optimizers, schedulers; one line for a bad name or argument."""
 from torch.utils.data import IterableDataset
 
-from ..compat.giga_datasets import SAMPLER_NAMES, import_giga_datasets
+from ..compat.giga_datasets import SAMPLER_NAMES, import_giga_datasets, missing_package_line
 from ..data.streaming import is_streaming  # noqa: F401  (validate.py takes it from here)
 from ..errors import ConfigError, RegistryError
 from ..registry import DATASETS, TYPE_KEYS, check_call_arguments
@@ -56,6 +56,8 @@ def check_built(where, registry, cfg, supplied=(), giga_datasets=None):
                 except RegistryError as e:
                     raise ConfigError(f"{where}: {e}") from None
             return
+        if giga_datasets == "dataset" and missing_package_line(where, name):
+            raise ConfigError(missing_package_line(where, name))
     try:
         registry.check_arguments(cfg, supplied)
     except RegistryError as e:

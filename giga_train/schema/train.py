@@ -46,13 +46,16 @@ TRAIN = dict(
     # GigaTrain's `kwargs` conventions (read from self.kwargs by its Trainer)
     max_grad_norm=Key(None, numbers.Real, min=0),
     grad_norm_type=Key(None, (numbers.Real, str)),  # None: 2; 'inf' allowed
-    loss_nan_total_limit=Key(None, int),  # NaN steps in a row before the run stops; <= 0: never stop
+    loss_nan_total_limit=Key(None, int),  # NaN steps in a row tolerated (the next stops the run); <= 0: never stop
     resume=Key(False, (bool, str)),
     # ours
     ema_decay=Key(0.9999, numbers.Real, check=_unit_interval),
     checkpoint_async=Key(False, bool),  # write checkpoints in a background thread (not under DEEPSPEED)
     progress_bar=Key(True, bool),
     dry_run=Key(False, (bool, int)),  # N steps (True: 2) and a short validation, no checkpoint nor tracker
+    # TensorBoard/wandb tags of the scalars: 'grouped' (train/total_loss, train/mse, val/...) or 'gigatrain'
+    # (GigaTrain's bare total_loss, mse: its users' dashboards and scripts read those)
+    log_tags=Key("grouped", str, choices=("grouped", "gigatrain")),
     nan_policy=Key("skip", str, choices=("skip", "stop", "off")),  # a non-finite loss/grad norm: skip the update
     max_nan_steps=Key(10, (int, type(None)), min=1),  # skipped steps in a row before the run stops (None: never)
     # fp16: steps the loss scaler skipped in a row (inf/nan gradients) before the run stops (None: never); the run
@@ -192,7 +195,9 @@ def _check_train(train, project_dir, given=(), tester_only=False):
     if train.grad_norm_type is not None:
         train.grad_norm_type = float(train.grad_norm_type)
     if train.loss_nan_total_limit is not None:  # GigaTrain's NaN limit: ours counts skipped steps in a row
-        limit = train.loss_nan_total_limit if train.loss_nan_total_limit > 0 else None
+        # GigaTrain tolerates `limit` NaN steps and stops in the next one (count > limit): ours stops at the
+        # (limit + 1)-th skipped step, after the same forward steps
+        limit = train.loss_nan_total_limit + 1 if train.loss_nan_total_limit > 0 else None
         if "max_nan_steps" in given and train.max_nan_steps != limit:
             raise ConfigError("train: loss_nan_total_limit and max_nan_steps disagree; give one")
         train.max_nan_steps = limit

@@ -1,9 +1,15 @@
 """The interface every tracker of `train.log_with` implements."""
 
 
-def tag(name):
-    """A scalar's name in TensorBoard and wandb: the train/ group, unless the name has its own ('val/loss')."""
-    return name if "/" in name else f"train/{name}"
+def tag(name, group="train/"):
+    """A scalar's name in TensorBoard and wandb: the train/ group, unless the name has its own ('val/loss');
+    `group` '' (train.log_tags='gigatrain'): the bare name, GigaTrain's tag ('total_loss', 'mse')."""
+    return name if "/" in name else f"{group}{name}"
+
+
+def tag_group(config):
+    """The group of ungrouped scalars the run's config asks for (train.log_tags)."""
+    return "" if (config.get("train") or {}).get("log_tags") == "gigatrain" else "train/"
 
 
 class Tracker:

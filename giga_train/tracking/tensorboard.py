@@ -1,7 +1,7 @@
 """TensorBoard: scalars under train/, the resolved config as text and its hyper-parameters (HParams tab)."""
 import json
 
-from .base import Tracker, tag
+from .base import Tracker, tag, tag_group
 from .guarded import quiet_thread_errors
 
 
@@ -16,15 +16,16 @@ class TensorBoardTracker(Tracker):
             quiet_thread_errors(writer_thread)
         # purge_step hides events a crashed run wrote past the step we resume from.
         self.writer = SummaryWriter(log_dir, purge_step=start_step + 1 if start_step else None)
+        self.group = tag_group(config)
         self.writer.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```")
         # In this run's own event file (add_hparams would open a sub-run): the HParams tab pairs these values
         # with the run's train/total_loss scalars.
-        for summary in hparams_summaries(hparams, {"train/total_loss": 0.0}):
+        for summary in hparams_summaries(hparams, {tag("total_loss", self.group): 0.0}):
             self.writer.file_writer.add_summary(summary)
 
     def log(self, step, scalars):
         for name, value in scalars.items():
-            self.writer.add_scalar(tag(name), value, step)
+            self.writer.add_scalar(tag(name, self.group), value, step)
 
     def close(self):
         self.writer.flush()

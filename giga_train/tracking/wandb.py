@@ -3,7 +3,7 @@ WANDB_MODE=offline writes the run under {logging_dir}/wandb for a later `wandb s
 import os
 
 from ..errors import ConfigError
-from .base import Tracker, tag
+from .base import Tracker, tag, tag_group
 
 
 class WandbTracker(Tracker):
@@ -20,9 +20,10 @@ class WandbTracker(Tracker):
             raise ConfigError("train.log_with: 'wandb' online needs a W&B API key: set WANDB_API_KEY (or run"
                               " `wandb login`), or WANDB_MODE=offline to write the run for a later `wandb sync`"
                               f" (wandb: {str(e).strip().splitlines()[0]})") from None
+        self.group = tag_group(config)
 
     def log(self, step, scalars):
-        self.run.log({tag(name): value for name, value in scalars.items()}, step=step)
+        self.run.log({tag(name, self.group): value for name, value in scalars.items()}, step=step)
 
     def close(self):
         self.run.finish()

@@ -83,12 +83,13 @@ class TrainerCheckpoints:
             if state.ema_weights is None:
                 log.warning("resume: %s holds no EMA (GigaTrain ran without with_ema); the average starts from"
                             " the weights", folder)
-            trainer.ema.load_state_dict(state.ema_weights or state.weights, state.ema_step)
+            trainer.ema.load_state_dict(state.ema_weights or state.weights, state.ema_step,
+                                        trainer.train_config.checkpoint_strict, folder)
         if state.precision is not None and getattr(strategy, "precision", None) is not None:
             strategy.precision.load_state_dict(state.precision)
         if state.rng is not None:
             set_rng_state(state.rng)
-        log.info("resumed GigaTrain's checkpoint %s at step %d (epoch %d)", folder, trainer.step, trainer.epoch)
+        log.info("resumed GigaTrain's checkpoint %s at step %d (epoch %d)", folder, trainer.step, trainer.cur_epoch)
 
     def data_position(self, step):
         """The data stream's state after `step` optimizer steps from the start (GigaTrain's rule)."""

@@ -40,16 +40,18 @@ from .building import TRAINER_KEYWORDS, build_optimizers, build_schedulers, seed
 from .checkpointing import TrainerCheckpoints, load_model_folders, write_config
 from .ema import EMA
 from .flop_count import model_flops_per_sample
+from .gigatrain_attributes import GigaTrainAttributes
 from .epochs import EpochClock, max_steps_by_epochs
 from .losses import LossBook
 from .nan_guard import NanGuard, SchedulerRewind
+from . import random_streams
 from .run_log import RunLog
 from .runner import Runner
 from .validation import Validator
 
 log = logging.getLogger("giga_train")
 
-class Trainer(Runner):
+class Trainer(GigaTrainAttributes, Runner):
     """Runs the `train` part of a config. Override `get_models` and `forward_step`; any hook below."""
     SECTION, OWN_KEYWORDS, LOG_NAME = "train", TRAINER_KEYWORDS, "train.log"
 
@@ -94,6 +96,8 @@ class Trainer(Runner):
         self._stream = as_stream(self.dataloader, self.device)  # what the loop reads; checkpoints its position
         with building_context(launch, self.process_index):  # meta off rank 0 under rank-0 loading
             self._models = [the_one_model(self.get_models(models))]
+        self._built_rng = random_streams.capture()  # GigaTrain's stream goes on from here
+        self._built_dtypes = {n: p.dtype for n, p in self._models[0].named_parameters()}  # the EMA's (GigaTrain's)
 
         def make_optimizers(module):  # called by the engine with the module whose parameters it steps
             self._models = [module]
@@ -128,7 +132,9 @@ class Trainer(Runner):
         if train.checkpoint_best:
             self.best_checkpoint = BestCheckpoint(train.checkpoint_best, self.checkpoints.folders,
                                                   self.is_main_process)
-        seed_everything(train.seed + self.strategy.data_rank)  # data ranks differ from here (dropout, noise)
+        # data ranks differ from here (dropout, noise); data rank 0 goes on with GigaTrain's stream
+        random_streams.continue_after_build(self._built_rng, train.seed, self.strategy.data_rank,
+                                            shared=self.strategy.data_world_size != self.num_processes)
         self.prepared = True
 
     def get_dataloaders(self, data_config):
@@ -154,7 +160,8 @@ class Trainer(Runner):
         """With train.with_ema: the moving average of the trainable weights (sharded as the model is)."""
         if self.train_config.with_ema:
             # GigaTrain's decay warm-up, min((1 + s) / (10 + s), ema_decay): the first update copies the weights
-            self.ema = EMA(self.unwrapped_model, self.train_config.ema_decay, warmup=True)
+            self.ema = EMA(self.unwrapped_model, self.train_config.ema_decay, warmup=True,
+                           dtypes=getattr(self, "_built_dtypes", None))
 
     def apply_activation_checkpointing(self, models=None):
         train = self.train_config

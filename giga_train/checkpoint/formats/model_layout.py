@@ -158,7 +158,8 @@ def weights_name(module, safe):
 
 def write_config(folder, module):
     """config.json: `save_config(folder)` where the module has one (diffusers' ModelMixin; GigaTrain's rule),
-    a transformers model's config with `architectures` naming its class; nothing for other modules."""
+    a transformers model's config with `architectures` naming its class; nothing for other modules. A
+    save_config that writes no config.json (a LoRA wrapper's, outside fp8 mode) is fine: the weights follow."""
     if hasattr(module, "save_config"):
         module.save_config(folder)
     elif _is_transformers_model(module):
@@ -168,6 +169,8 @@ def write_config(folder, module):
     else:
         return
     path = os.path.join(folder, CONFIG)
+    if not os.path.isfile(path):  # save_config wrote nothing, or other files (a PEFT adapter's): kept as written
+        return
     with open(path) as f:
         saved = json.load(f)
     if saved.get("_class_name") not in (None, class_name(module)):  # FSDP2 renames the class: FSDP<Name>
