@@ -1,14 +1,19 @@
-"""The Trainer's constructor keywords, and what its building hooks do by default (get_models' one module,
-get_optimizers, get_schedulers), as functions of what they are given, and the seeding of every rank."""
+"""The Trainer's constructor keywords, what its building hooks do by default (get_models' one module,
+get_optimizers, get_schedulers), as functions of what they are given, the seeding of every rank, and the
+engine and parts its prepare builds."""
 import random
 
 import numpy as np
 import torch
 
+from ..checkpoint.checkpointer import Checkpointer
 from ..compat.utils import as_list
+from ..engine import strategy_class
 from ..errors import ConfigError
 from ..optimizers import build_optimizer
 from ..schedulers import SCHEDULERS
+from .checkpointing import TrainerCheckpoints
+from .nan_guard import NanGuard, SchedulerRewind
 
 # GigaTrain's named Trainer arguments; every other key of the `train` section is in self.kwargs.
 TRAINER_KEYWORDS = (
@@ -60,3 +65,25 @@ def build_schedulers(configs, optimizers, **extras):
         raise ConfigError(f"schedulers: {len(configs)} configs for {len(optimizers)} optimizers")
     return [SCHEDULERS.build(cfg, optimizer, **extras) if isinstance(cfg, dict) else cfg
             for cfg, optimizer in zip(configs, optimizers)]
+
+
+def build_strategy(trainer):
+    """The engine of the config's launch section (it opens the process group)."""
+    launch = trainer.config.launch
+    return strategy_class(launch)(trainer.env, launch, trainer.train_config, settings=trainer.config.engine_settings,
+                                  micro_batch_size=trainer.config.dataloaders.train.batch_size_per_gpu)
+
+
+def build_parts(trainer, stream):
+    """Once the engine, the optimizers, the EMA and the schedulers are there: the Checkpointer, the
+    checkpointing part over it (reading and writing `stream`'s position), and the NaN guard."""
+    train = trainer.train_config
+    checkpoints = Checkpointer(trainer.strategy, trainer.model_dir, train, trainer.ema,
+                               model_name=getattr(trainer, "model_name", "model"),  # GigaTrain's attribute
+                               rank_state=stream if getattr(stream, "per_rank_state", False) else None)
+    checkpointing = TrainerCheckpoints(trainer, checkpoints, stream)
+    max_nan = train.max_nan_steps if train.max_nan_steps is not None else float("inf")  # None: never stop
+    nan_guard = NanGuard(train.nan_policy, max_nan, trainer.is_main_process, checkpoints.latest_finite,
+                         rewind=SchedulerRewind(trainer.schedulers, trainer.optimizers),
+                         max_overflow=train.max_overflow_steps or float("inf"))
+    return checkpoints, checkpointing, nan_guard

@@ -10,39 +10,34 @@ or directly (`MyTrainer(config=a_dict)`, then train()); building opens nothing, 
                       validation_step per batch of dataloaders.val); print_step; save_checkpoint_step;
                       then print_after_train
 
-Its parts: the engine (`strategy`), the Checkpointer and the checkpointing part (checkpointing.py), the
-loss book (losses.py), the NaN guard with its scheduler rewind (nan_guard.py), the validator, the metrics.
+Its parts: the engine (`strategy`), the Checkpointer and the checkpointing part (checkpointing.py, with the
+best checkpoint), the loss book (losses.py), the NaN guard with its scheduler rewind (nan_guard.py), the
+evaluation part (evaluation.py: log_metric's sums, the validator), the run's log (run_log.py). What each
+hook does for a project: docs/guide.md.
 """
-import contextlib
 import logging
 import math
-import time
 
 import torch
 
-from ..checkpoint.checkpointer import Checkpointer
 from ..compat.utils import as_list
 from ..data import as_stream, build_stream
 from ..distributed.preemption import PreemptionSignals
-from ..engine import strategy_class
 from ..engine.activation_checkpointing import apply_activation_checkpointing
 from ..engine.fp8 import convert_to_float8
 from ..engine.meta_start import building_context, default_init_weights, rank0_loading
 from ..engine.parallelize import parallelize
-from ..errors import ConfigError
 from ..optimizers.group import OptimizerGroup
 from ..schema.train import train_kwargs
-from ..tracking.metrics import MetricSums
-from .best_checkpoint import BestCheckpoint
-from .building import TRAINER_KEYWORDS, build_optimizers, build_schedulers, seed_everything, the_one_model
-from .checkpointing import TrainerCheckpoints, load_model_folders, write_config
+from .building import (TRAINER_KEYWORDS, build_optimizers, build_parts, build_schedulers, build_strategy,
+                       seed_everything, the_one_model)
+from .checkpointing import load_model_folders, write_config
 from .ema import EMA
 from .epochs import EpochClock, max_steps_by_epochs
+from .evaluation import Evaluation
 from .losses import LossBook
-from .nan_guard import NanGuard, SchedulerRewind
-from .run_log import RunLog
+from .run_log import RunLog, log_end
 from .runner import Runner
-from .validation import Validator
 
 log = logging.getLogger("giga_train")
 
@@ -61,20 +56,12 @@ class Trainer(Runner):
         self._stepping, self._micro_step = False, 0  # inside a step; the micro-batch of it being computed
         self._optimizers, self._schedulers, self.ema = [], [], None
         self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
-        self._logged_metrics = self._metric_sink = MetricSums(self.device)  # log_metric's, until the next log
-        self.validator = self.best_checkpoint = None
-        self._val_results = None  # the validation of this step, logged with its scalars
+        self.evaluation = Evaluation(self.device)  # log_metric's sums; the validator (made by prepare)
         self.losses_book = LossBook(self.gradient_accumulation_steps)
         seed_everything(self.train_config.seed)  # every rank builds the same initial weights
 
     def extra_options(self, options):
         return train_kwargs(options)
-
-    @property
-    def mixed_precision(self):
-        """As GigaTrain's Trainer: None without mixed precision."""
-        mode = self.options.get("mixed_precision")
-        return None if mode in (None, "no") else mode
 
     def prepare_arguments(self, config):
         models = config.models
@@ -83,10 +70,10 @@ class Trainer(Runner):
 
     # -- building (GigaTrain's prepare and its hooks) -------------------------------------------
     def prepare(self, dataloaders, models, optimizers, schedulers):
+        """The engine, then the building hooks in GigaTrain's order (the module docstring), then the parts."""
         train, launch = self.train_config, self.config.launch
         self.start_job()
-        self.strategy = strategy_class(launch)(self.env, launch, train, settings=self.config.engine_settings,
-                                               micro_batch_size=self.config.dataloaders.train.batch_size_per_gpu)
+        self.strategy = build_strategy(self)
         self._dataloaders = as_list(self.get_dataloaders(dataloaders))
         self._stream = as_stream(self.dataloader, self.device)  # what the loop reads; checkpoints its position
         with building_context(launch, self.process_index):  # meta off rank 0 under rank-0 loading
@@ -105,25 +92,8 @@ class Trainer(Runner):
             from_rank0=rank0_loading(launch))
         self.set_ema_models()
         self._schedulers = as_list(self.get_schedulers(schedulers))
-        self.checkpoints = Checkpointer(self.strategy, self.model_dir, train, self.ema,
-                                        model_name=getattr(self, "model_name", "model"),  # GigaTrain's attribute
-                                        rank_state=self._stream if getattr(self._stream, "per_rank_state", False)
-                                        else None)
-        self.checkpointing = TrainerCheckpoints(self, self.checkpoints, self._stream)
-        max_nan = train.max_nan_steps if train.max_nan_steps is not None else float("inf")  # None: never stop
-        self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest_finite,
-                                  rewind=SchedulerRewind(self.schedulers, self.optimizers),
-                                  max_overflow=train.max_overflow_steps or float("inf"))
-        val = self.config.dataloaders.get("val")
-        if train.eval_interval and val is not None:
-            self.validator = Validator(val, self.env, self.data_rank_and_world)
-        elif train.eval_interval:  # a GigaTrain fork's own key too: its trainer may validate by self.kwargs
-            self.print("train.eval_interval without dataloaders.val: giga-train validates nothing")
-        elif val is not None:
-            self.print("dataloaders.val is not used: set train.eval_interval to validate every N steps")
-        if train.checkpoint_best:
-            self.best_checkpoint = BestCheckpoint(train.checkpoint_best, self.checkpoints.folders,
-                                                  self.is_main_process)
+        self.checkpoints, self.checkpointing, self.nan_guard = build_parts(self, self._stream)
+        self.evaluation.prepare(self)
         seed_everything(train.seed + self.strategy.data_rank)  # data ranks differ from here (dropout, noise)
         self.prepared = True
 
@@ -139,11 +109,7 @@ class Trainer(Runner):
         raise NotImplementedError(f"{type(self).__name__} must define get_models(self, model_config)")
 
     def init_weights(self, model):
-        """Fill a model that get_models built on the meta device, once sharded (FSDP2) or partitioned (ZeRO-3):
-        each rank's piece is allocated, uninitialised. Default: the model's init_weights(), else each module's
-        reset_parameters() (under ZeRO-3 as each module is materialised). Pretrained weights:
-        giga_train.load_safetensors_shards(model, path) reads each rank's rows or partition only. Under ZeRO-3
-        change a parameter in place inside deepspeed.zero.GatheredParameters(params, modifier_rank=0)."""
+        """Fill a model get_models built on the meta device, once sharded (docs/guide.md, "Large models")."""
         default_init_weights(model)
 
     def set_ema_models(self):
@@ -172,35 +138,33 @@ class Trainer(Runner):
         return build_optimizers(optimizers, self.models, self.get_trainable_parameters)
 
     def get_schedulers(self, schedulers):
-        """One scheduler per optimizer, from config dicts (given epoch_size, max_epochs and max_steps when
-        the scheduler takes them); one config serves every optimizer."""
+        """One scheduler per optimizer (one config serves all), from config dicts."""
         return build_schedulers(schedulers, self.optimizers, epoch_size=self.epoch_size, max_epochs=self.max_epochs,
                                 max_steps=self.max_steps)
 
-    # -- GigaTrain's properties -----------------------------------------------------------------
+    # -- GigaTrain's properties (and ours: unwrapped_model, sync_gradients, data_rank_and_world, epoch) ---------
     @property
-    def unwrapped_model(self):
-        return self.strategy.unwrap()
+    def mixed_precision(self):
+        """As GigaTrain's Trainer: None without mixed precision."""
+        mode = self.options.get("mixed_precision")
+        return None if mode in (None, "no") else mode
 
     @property
-    def optimizers(self):
-        return self._optimizers
-
+    def unwrapped_model(self): return self.strategy.unwrap()
     @property
-    def optimizer(self):
-        return self._optimizers[0]
-
+    def optimizers(self): return self._optimizers
     @property
-    def schedulers(self):
-        return self._schedulers
-
+    def optimizer(self): return self._optimizers[0]
     @property
-    def scheduler(self):
-        return self._schedulers[0]
-
+    def schedulers(self): return self._schedulers
     @property
-    def gradient_accumulation_steps(self):
-        return self.train_config.gradient_accumulation_steps
+    def scheduler(self): return self._schedulers[0]
+    @property
+    def gradient_accumulation_steps(self): return self.train_config.gradient_accumulation_steps
+    @property
+    def rank(self): return self.process_index
+    @property
+    def world_size(self): return self.num_processes
 
     @property
     def sync_gradients(self):
@@ -216,15 +180,13 @@ class Trainer(Runner):
 
     @property
     def data_rank_and_world(self):
-        """(this rank's data-parallel coordinate, the data-parallel ranks): the rank and world size without
-        sequence parallelism; without an engine (the offline tools) the process's."""
+        """(data-parallel rank, data-parallel ranks): without an engine (the offline tools) the process's."""
         strategy = getattr(self, "strategy", None)
         return (strategy.data_rank, strategy.data_world_size) if strategy else (self.process_index, self.num_processes)
 
     @property
     def epoch_size(self):
-        """Optimizer steps per epoch. A stream without a length (an IterableDataset) counts the whole run
-        as one epoch for what is counted in epochs (the schema requires max_steps for it)."""
+        """Optimizer steps per epoch; a stream without a length (an IterableDataset) is one epoch of max_steps."""
         if not hasattr(self.dataloader, "__len__"):
             return self.train_config.max_steps
         return int(math.ceil(len(self.dataloader) / self.gradient_accumulation_steps))
@@ -253,14 +215,6 @@ class Trainer(Runner):
     def epoch(self):
         """The epoch the data stream is in (0-based)."""
         return self._stream.epoch
-
-    @property
-    def rank(self):
-        return self.process_index
-
-    @property
-    def world_size(self):
-        return self.num_processes
 
     # -- the loop -------------------------------------------------------------------------------
     def train(self):
@@ -364,93 +318,64 @@ class Trainer(Runner):
             self.ema.update(skip=result.found_inf)  # a no-op on the device for a skipped step
         return result
 
-    # -- metrics that are not trained, validation ------------------------------------------------
+    # -- metrics that are not trained, validation (the evaluation part does the work) -------------
     def log_metric(self, name, value):
-        """Log a scalar that is not trained (a tensor, its mean, or a number) from anywhere in a step:
-        summed on the device, averaged over the calls since the last log step and over the ranks there.
-        Inside validation_step: a validation result (val/<name>)."""
-        self._metric_sink.add(name, value)
+        """Log a scalar that is not trained, anywhere in a step (inside validation_step: val/<name>)."""
+        self.evaluation.add(name, value)
 
     def log_metrics(self, values):
         for name, value in values.items():
             self.log_metric(name, value)
 
-    @contextlib.contextmanager
     def metrics_into(self, sums):
-        """While inside: log_metric adds to `sums` (a MetricSums) instead of the training log's."""
-        saved, self._metric_sink = self._metric_sink, sums
-        try:
-            yield sums
-        finally:
-            self._metric_sink = saved
+        """A context: while inside, log_metric adds to `sums` (a MetricSums) instead of the training log's."""
+        return self.evaluation.into(sums)
 
     def validate(self):
-        """validation_step over dataloaders.val (every rank its part, on the EMA weights with
-        train.eval_ema); returns {'val/<name>': float}, the same on every rank. A collective: every rank
-        calls it."""
-        if self.validator is None:
-            raise ConfigError("validate(): set train.eval_interval and dataloaders.val")
-        return self.validator.run(self, on_ema=self.train_config.eval_ema)
+        """validation_step over dataloaders.val; {'val/<name>': float}, the same on every rank (a collective)."""
+        return self.evaluation.validate(self)
 
     def validate_if_due(self):
-        """After every step: validate every train.eval_interval steps and at the last; the results are
-        logged with this step's scalars, and with train.checkpoint_best may make this step's checkpoint
-        the best."""
-        every = self.train_config.eval_interval
-        if self.validator is None or (self.step % every and self.step != self.max_steps):
-            return
-        self._val_results = self.validate()
-        if self.best_checkpoint is not None:
-            self.best_checkpoint.update(self.step, self._val_results)
+        """After every step: validate every train.eval_interval steps and at the last (train.checkpoint_best)."""
+        if self.evaluation.due(self.step, self.train_config.eval_interval, self.max_steps):
+            self.evaluation.results = self.validate()
+            self.checkpointing.validated(self.step, self.evaluation.results)
 
-    # -- logging (GigaTrain's print hooks) ------------------------------------------------------
+    # -- logging (GigaTrain's print hooks; the run's log does the work) ---------------------------
     def print_before_train(self):
-        self.print("%s: %d parameters (%d trained)", type(self.unwrapped_model).__name__,
-                   sum(p.numel() for p in self.unwrapped_model.parameters()),
-                   sum(p.numel() for p in self.get_trainable_parameters(self.unwrapped_model)))
-        self.print("num_processes: %d, process_index: %d, data_size: %s, batch_size: %d, epoch_size: %d",
-                   self.num_processes, self.process_index, self.data_size, self.batch_size, self.epoch_size)
-        self.print("training %s from step %d to %d (%d samples/step) on %s; checkpoints in %s, logs in %s",
-                   type(self.unwrapped_model).__name__, self.step, self.max_steps, self.batch_size, self.device,
-                   self.model_dir, self.logging_dir)
-        self._start_time = time.perf_counter()
+        self.run_log.before_train(self)
 
     def print_step(self):
-        """Every log_interval steps (and at the last): the averaged losses, lr, grad norm and timing, on the
-        main process's log, tracker and progress bar. The one place the loop waits for the device."""
-        validated, self._val_results = self._val_results, None
+        """Every log_interval steps, at the last and after a validation: the step's line (the loop's one wait)."""
+        validated = self.evaluation.take_results()
         if self.step % self.train_config.log_interval and self.step != self.max_steps and validated is None:
             return
         self.nan_guard.settle(self.step, wait=True)
         self.last_metrics = self.run_log.line(
             self.step, self.losses_book.take_averages(self.strategy.reduce_mean, self._last_result.grad_norm),
             self.scheduler.get_last_lr()[0], self.nan_guard.take_window() if self.nan_guard.enabled else None,
-            self._logged_metrics.average(cpu_group=self.env.cpu_group), validated or {})
+            self.evaluation.logged.average(cpu_group=self.env.cpu_group), validated or {})
 
     def print_after_train(self):
-        self.print("total time: %.1f s", time.perf_counter() - getattr(self, "_start_time", time.perf_counter()))
+        self.run_log.after_train(self)
 
     # -- checkpoints (GigaTrain's hooks; the checkpointing part does the work) ----------------------
     def save_checkpoint_step(self):
-        """After every step: save when train.checkpoint_interval says (steps; epochs when training by
-        epochs), at the last step, or when this step's validation is the best so far (checkpoint_best)."""
-        if self.checkpointing.due(self.best_checkpoint):
+        """After every step: save when train.checkpoint_interval says, at the last step, or at a new best."""
+        if self.checkpointing.due():
             self.save_checkpoint()
 
     def save_checkpoint(self):
         """Write a checkpoint of this step; the NaN guard settles first, so a stop comes before anything is written."""
         self.nan_guard.settle(self.step, wait=True)
         self.checkpointing.save()
-        if self.best_checkpoint is not None:
-            self.best_checkpoint.saved(self.step, self.cur_epoch)
 
     def wait_for_checkpoint(self, raise_errors=True):
         """Return once no checkpoint is being written in the background (train.checkpoint_async)."""
         self.checkpoints.wait(raise_errors)
 
     def resume(self, checkpoint=None):
-        """Continue from `checkpoint` (a checkpoint folder, or its name under model_dir; None: the newest
-        complete one), written by any strategy at any world size, or by the real GigaTrain 1.1."""
+        """Continue from `checkpoint` (a folder, or its name under model_dir; None: the newest), ours or GigaTrain's."""
         self.checkpointing.resume(None if checkpoint is None else self._checkpoint_path(checkpoint))
 
     def resume_gigatrain(self, folder):
@@ -458,15 +383,12 @@ class Trainer(Runner):
         self.checkpointing.resume_gigatrain(folder)
 
     def load_checkpoint(self, checkpoint, models, strict=True):
-        """Load model folders of `checkpoint` (get_checkpoint's forms) into `models`, each into the model
-        of the class its config.json names, as GigaTrain does between the stages of a project."""
+        """Load model folders of `checkpoint` (get_checkpoint's forms) into `models`, by the class each names."""
         if checkpoint is not None:
             load_model_folders(self.get_checkpoint(checkpoint), models, strict, say=self.print)
 
     def remove_checkpoint(self, total_limit=None):
-        """GigaTrain's clean-up of model_dir on the main process: the rolling limit (train.checkpoint_total_limit,
-        or `total_limit`) and, with checkpoint_save_optimizer=False, the optimizer state of all but the two
-        newest (Checkpointer.clean_up). Saves call it too."""
+        """The rolling limit (train.checkpoint_total_limit, or `total_limit`) on model_dir, main process."""
         if self.is_main_process:
             self.checkpoints.clean_up(total_limit)
 
@@ -476,28 +398,15 @@ class Trainer(Runner):
             write_config(config, self.project_dir)
 
     def state_dict(self):
-        """The trainer's own state in a checkpoint (training_state.pt): schedulers, data position, step, and
-        the best checkpoint's record, the epoch clock's offset."""
-        state = {"schedulers": [s.state_dict() for s in self.schedulers], "data": self._stream.state_dict(),
-                 "step": self.step, "epoch_offset": self.epoch_clock.state_dict()}
-        if self.best_checkpoint is not None:
-            state["best"] = self.best_checkpoint.state_dict()
-        return state
+        """The trainer's own state in a checkpoint (training_state.pt)."""
+        return self.checkpointing.trainer_state()
 
     def load_state_dict(self, state):
-        for scheduler, saved in zip(self.schedulers, state.get("schedulers") or [state["scheduler"]]):
-            scheduler.load_state_dict(saved)
-        self._stream.load_state_dict(state["data"])
-        self.step = int(state["step"])
-        self.epoch_clock.resumed(self, state["data"], state.get("epoch_offset"))
-        if self.best_checkpoint is not None:
-            self.best_checkpoint.load_state_dict(state.get("best"))
+        self.checkpointing.load_trainer_state(state)
 
     def checkpoint_meta(self):
         """What meta.json records beside the files."""
-        return dict(step=self.step, epoch=self.epoch, samples_seen=getattr(self._stream, "samples_seen", None),
-                    world_size=self.num_processes, distributed_type=self.distributed_type,
-                    mixed_precision=self.mixed_precision, ema=self.ema is not None, config=self.config.to_dict())
+        return self.checkpointing.meta()
 
     def abandon(self):
         if self.strategy is not None:
@@ -505,13 +414,8 @@ class Trainer(Runner):
 
     def _finish(self):
         self.wait_for_checkpoint()
-        loss = getattr(self, "last_metrics", {}).get("total_loss")
-        where = self.checkpoints.latest()
-        if self.preempted:
-            log.info("preempted (%s) at step %d of %d: saved %s; rerun with train.resume=True to continue",
-                     self.preemption.signal_name or "a signal on another rank", self.step, self.max_steps, where)
-        else:
-            log.info("done at step %d%s; checkpoint: %s; TensorBoard: tensorboard --logdir %s", self.step,
-                     f", final loss {loss:.4f}" if loss is not None else "", where, self.logging_dir)
+        log_end(self.step, self.max_steps, self.checkpoints.latest(), getattr(self, "last_metrics", {}),
+                self.logging_dir, preempted_by=(self.preemption.signal_name or "a signal on another rank")
+                if self.preempted else None)
         self.strategy.close()
         return self
