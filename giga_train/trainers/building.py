@@ -8,7 +8,12 @@ import torch
 
 from ..checkpoint.checkpointer import Checkpointer
 from ..compat.utils import as_list
+from ..data import build_stream
 from ..engine import strategy_class
+from ..engine.activation_checkpointing import apply_activation_checkpointing
+from ..engine.fp8 import convert_to_float8
+from ..engine.meta_start import rank0_loading
+from ..engine.parallelize import parallelize
 from ..errors import ConfigError
 from ..optimizers import build_optimizer
 from ..schedulers import SCHEDULERS
@@ -37,6 +42,31 @@ def the_one_model(models):
         raise ConfigError(f"get_models returned {len(models)} models: giga-train trains one module;"
                           " put several in a giga_train.ModuleDict (GigaTrain's checkpoints also hold one)")
     return models[0]
+
+
+def train_stream(trainer, data_config):
+    """get_dataloaders' default: the training data as micro-batches on the device, resumable to the exact
+    sample; the ranks of one sequence-parallel group read the same samples."""
+    rank, world = trainer.data_rank_and_world
+    return build_stream(data_config, trainer.train_config.seed, rank, world, trainer.device,
+                        accumulation=trainer.gradient_accumulation_steps,
+                        data_parallel_size=trainer.train_config.get("data_parallel_size") or 1)
+
+
+def checkpoint_blocks(models, train):
+    """apply_activation_checkpointing's default: with train.activation_checkpointing, each module of a class
+    in train.activation_class_names recomputes its activations in backward."""
+    if train.activation_checkpointing and train.activation_class_names:
+        for model in models:
+            apply_activation_checkpointing(model, train.activation_class_names)
+
+
+def float8_linears(trainer, models):
+    """apply_fp8's default: with mixed_precision='fp8', the models' linears in float8 (train.fp8_config)."""
+    if trainer.mixed_precision == "fp8":
+        for model in models:
+            convert_to_float8(model, trainer.train_config.fp8_config,
+                              fsdp2=trainer.strategy.gathers_float8_weights())
 
 
 def build_optimizers(configs, models, trainable):
@@ -72,6 +102,18 @@ def build_strategy(trainer):
     launch = trainer.config.launch
     return strategy_class(launch)(trainer.env, launch, trainer.train_config, settings=trainer.config.engine_settings,
                                   micro_batch_size=trainer.config.dataloaders.train.batch_size_per_gpu)
+
+
+def parallelize_model(trainer, make_optimizers, init_weights=None):
+    """The engine's parallelize of the trainer's model, through its apply_activation_checkpointing and
+    apply_fp8 hooks; `init_weights`: a project's own (None: the default); the engine's optimizer (one, or
+    an OptimizerGroup) is the strategy's."""
+    train, launch = trainer.train_config, trainer.config.launch
+    model, _ = parallelize(trainer.models[0], trainer.strategy, train, launch.fsdp_config, make_optimizers,
+                           checkpoint=lambda model: trainer.apply_activation_checkpointing([model]),
+                           float8=lambda model: trainer.apply_fp8([model]), init_weights=init_weights,
+                           from_rank0=rank0_loading(launch))
+    return model
 
 
 def build_parts(trainer, stream):

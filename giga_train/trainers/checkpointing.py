@@ -54,6 +54,15 @@ class TrainerCheckpoints:
         if self.best is not None:
             self.best.saved(trainer.step, trainer.cur_epoch)
 
+    def save_last(self):
+        """At the end of training (or a preemption): a checkpoint of this step unless the newest is one; all
+        written when it returns."""
+        trainer = self.trainer
+        trainer.wait_for_checkpoint()  # latest_step() must see the save in flight
+        if self.checkpointer.latest_step() != trainer.step:
+            trainer.save_checkpoint()
+        trainer.wait_for_checkpoint()
+
     def trainer_state(self):
         """The trainer's own state in a checkpoint (training_state.pt): schedulers, data position, step, the
         epoch clock's offset, and the best checkpoint's record."""

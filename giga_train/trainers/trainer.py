@@ -1,19 +1,9 @@
 """The Trainer: GigaTrain's surface (its constructor, properties and hooks, called at the same points) over
-our engine. Subclass it, write get_models and forward_step; the config does the rest. Built by load(config),
-or directly (`MyTrainer(config=a_dict)`, then train()); building opens nothing, prepare makes the engine.
-
-    load(config)   -> Trainer(project_dir, config=config, **config.train); prepare(dataloaders.train, models,
-                      optimizers, schedulers): get_dataloaders, get_models, apply_activation_checkpointing,
-                      apply_fp8, (compile, shard: the strategy) get_optimizers, set_ema_models, get_schedulers
-    train()        -> print_before_train; per step: per micro-batch forward_step, parse_losses,
-                      backward_step (the last one steps the optimizers); validate_if_due (validate():
-                      validation_step per batch of dataloaders.val); print_step; save_checkpoint_step;
-                      then print_after_train
-
-Its parts: the engine (`strategy`), the Checkpointer and the checkpointing part (checkpointing.py, with the
-best checkpoint), the loss book (losses.py), the NaN guard with its scheduler rewind (nan_guard.py), the
-evaluation part (evaluation.py: log_metric's sums, the validator), the run's log (run_log.py). What each
-hook does for a project: docs/guide.md.
+our engine; subclass it, write get_models and forward_step. Built by load(config), or directly
+(`MyTrainer(config=a_dict)`, then train()); building opens nothing, prepare makes the engine. The loop and
+the hooks are here; the work is the parts': the engine (`strategy`), checkpointing.py (with the best
+checkpoint), losses.py, nan_guard.py, evaluation.py, run_log.py, building.py. The hooks in the order they
+are called: docs/guide.md.
 """
 import logging
 import math
@@ -21,16 +11,14 @@ import math
 import torch
 
 from ..compat.utils import as_list
-from ..data import as_stream, build_stream
+from ..data import as_stream
 from ..distributed.preemption import PreemptionSignals
-from ..engine.activation_checkpointing import apply_activation_checkpointing
-from ..engine.fp8 import convert_to_float8
-from ..engine.meta_start import building_context, default_init_weights, rank0_loading
-from ..engine.parallelize import parallelize
+from ..engine.meta_start import building_context, default_init_weights
 from ..optimizers.group import OptimizerGroup
 from ..schema.train import train_kwargs
 from .building import (TRAINER_KEYWORDS, build_optimizers, build_parts, build_schedulers, build_strategy,
-                       seed_everything, the_one_model)
+                       checkpoint_blocks, float8_linears, parallelize_model, seed_everything, the_one_model,
+                       train_stream)
 from .checkpointing import load_model_folders, write_config
 from .ema import EMA
 from .epochs import EpochClock, max_steps_by_epochs
@@ -71,38 +59,29 @@ class Trainer(Runner):
     # -- building (GigaTrain's prepare and its hooks) -------------------------------------------
     def prepare(self, dataloaders, models, optimizers, schedulers):
         """The engine, then the building hooks in GigaTrain's order (the module docstring), then the parts."""
-        train, launch = self.train_config, self.config.launch
         self.start_job()
         self.strategy = build_strategy(self)
         self._dataloaders = as_list(self.get_dataloaders(dataloaders))
         self._stream = as_stream(self.dataloader, self.device)  # what the loop reads; checkpoints its position
-        with building_context(launch, self.process_index):  # meta off rank 0 under rank-0 loading
+        with building_context(self.config.launch, self.process_index):  # meta off rank 0 under rank-0 loading
             self._models = [the_one_model(self.get_models(models))]
 
         def make_optimizers(module):  # called by the engine with the module whose parameters it steps
             self._models = [module]
             self._optimizers = as_list(self.get_optimizers(optimizers))
             return self._optimizers[0] if len(self._optimizers) == 1 else OptimizerGroup(self._optimizers)
-
-        self._models[0], _ = parallelize(  # the engine's optimizer (one, or an OptimizerGroup) is the strategy's
-            self._models[0], self.strategy, train, launch.fsdp_config, make_optimizers,
-            checkpoint=lambda model: self.apply_activation_checkpointing([model]),
-            float8=lambda model: self.apply_fp8([model]),
-            init_weights=None if type(self).init_weights is Trainer.init_weights else self.init_weights,
-            from_rank0=rank0_loading(launch))
+        own_init = None if type(self).init_weights is Trainer.init_weights else self.init_weights
+        self._models[0] = parallelize_model(self, make_optimizers, own_init)
         self.set_ema_models()
         self._schedulers = as_list(self.get_schedulers(schedulers))
         self.checkpoints, self.checkpointing, self.nan_guard = build_parts(self, self._stream)
         self.evaluation.prepare(self)
-        seed_everything(train.seed + self.strategy.data_rank)  # data ranks differ from here (dropout, noise)
+        seed_everything(self.train_config.seed + self.strategy.data_rank)  # data ranks differ from here (dropout)
         self.prepared = True
 
     def get_dataloaders(self, data_config):
         """The training data: micro-batches on the device, resumable to the exact sample."""
-        rank, world = self.data_rank_and_world  # an SP group's ranks read the same samples
-        return build_stream(data_config, self.train_config.seed, rank, world,
-                            self.device, accumulation=self.gradient_accumulation_steps,
-                            data_parallel_size=self.train_config.get("data_parallel_size") or 1)
+        return train_stream(self, data_config)
 
     def get_models(self, model_config):
         """Return an nn.Module, or a ModuleDict of several (called with `config.models`)."""
@@ -119,15 +98,10 @@ class Trainer(Runner):
             self.ema = EMA(self.unwrapped_model, self.train_config.ema_decay, warmup=True)
 
     def apply_activation_checkpointing(self, models=None):
-        train = self.train_config
-        if train.activation_checkpointing and train.activation_class_names:
-            for model in models or self.models:
-                apply_activation_checkpointing(model, train.activation_class_names)
+        checkpoint_blocks(models or self.models, self.train_config)
 
     def apply_fp8(self, models=None):
-        if self.mixed_precision == "fp8":
-            for model in models or self.models:
-                convert_to_float8(model, self.train_config.fp8_config, fsdp2=self.strategy.gathers_float8_weights())
+        float8_linears(self, models or self.models)
 
     def get_trainable_parameters(self, model):
         """The parameters the optimizer updates (default: those with requires_grad)."""
@@ -142,10 +116,9 @@ class Trainer(Runner):
         return build_schedulers(schedulers, self.optimizers, epoch_size=self.epoch_size, max_epochs=self.max_epochs,
                                 max_steps=self.max_steps)
 
-    # -- GigaTrain's properties (and ours: unwrapped_model, sync_gradients, data_rank_and_world, epoch) ---------
+    # -- GigaTrain's properties, and ours (unwrapped_model, sync_gradients, data_rank_and_world, epoch) -------
     @property
-    def mixed_precision(self):
-        """As GigaTrain's Trainer: None without mixed precision."""
+    def mixed_precision(self):  # as GigaTrain's Trainer: None without mixed precision
         mode = self.options.get("mixed_precision")
         return None if mode in (None, "no") else mode
 
@@ -165,11 +138,14 @@ class Trainer(Runner):
     def rank(self): return self.process_index
     @property
     def world_size(self): return self.num_processes
-
     @property
-    def sync_gradients(self):
-        """True in the last micro-batch of a step: its backward syncs the gradients and steps."""
-        return self._micro_step == self.gradient_accumulation_steps - 1
+    def sync_gradients(self): return self._micro_step == self.gradient_accumulation_steps - 1  # a step's last
+    @property
+    def cur_step(self): return self.step + 1 if self._stepping else self.step  # GigaTrain's: 1-based in a step
+    @property
+    def cur_epoch(self): return int(math.ceil(self.epoch_clock.steps(self.cur_step) / self.epoch_size))
+    @property
+    def epoch(self): return self._stream.epoch  # the epoch the data stream is in (0-based)
 
     @property
     def batch_size(self):
@@ -202,20 +178,6 @@ class Trainer(Runner):
         return max_steps if max_steps > 0 else max_steps_by_epochs(self.train_config.max_epochs, self.epoch_size,
                                                                    self.epoch_clock)
 
-    @property
-    def cur_step(self):
-        """GigaTrain's step counter: the step being computed (1-based) inside a step, else the steps done."""
-        return self.step + 1 if self._stepping else self.step
-
-    @property
-    def cur_epoch(self):
-        return int(math.ceil(self.epoch_clock.steps(self.cur_step) / self.epoch_size))
-
-    @property
-    def epoch(self):
-        """The epoch the data stream is in (0-based)."""
-        return self._stream.epoch
-
     # -- the loop -------------------------------------------------------------------------------
     def train(self):
         if not self.prepared:  # built directly: prepare from the config's sections
@@ -235,24 +197,16 @@ class Trainer(Runner):
                         result = self.train_step()
                     self.step += 1
                     self.run_log.step_done(self.step)
-                    self.nan_guard.record(self.step, result)
-                    self.nan_guard.settle(self.step)  # the flags that have reached the host; never waits
+                    self.nan_guard.step_done(self.step, result)
                     self.losses_book.end_step(result)
                     self.validate_if_due()
                     self.print_step()
                     self.save_checkpoint_step()
-                    # the same step on every rank; so is a stop that one rank's settle found first
-                    preempted, stopping = self.preemption.agreed(self.env, self.nan_guard.stopping is not None)
-                    if stopping:
-                        self.nan_guard.settle(self.step, wait=True)  # raises TrainingStopped, the same everywhere
-                    if preempted:
+                    if self.nan_guard.agreed_preemption(self.preemption, self.env, self.step):
                         self.preempted = True
                         break
                 self.nan_guard.settle(self.step, wait=True)  # also after a preemption: every rank is here
-                self.wait_for_checkpoint()  # latest() must see the save in flight
-                if self.checkpoints.latest_step() != self.step:
-                    self.save_checkpoint()
-                self.wait_for_checkpoint()
+                self.checkpointing.save_last()
         except BaseException:
             self.wait_for_checkpoint(raise_errors=False)  # what was taken before the error still lands
             raise
@@ -262,8 +216,7 @@ class Trainer(Runner):
         return self._finish()
 
     def train_step(self):
-        """One optimizer step over `gradient_accumulation_steps` micro-batches, each through forward_step,
-        parse_losses and backward_step. Returns the step's StepResult."""
+        """One optimizer step: forward_step, parse_losses, backward_step per micro-batch; its StepResult."""
         self._stepping = True
         self.losses_book.start_step()
         try:
@@ -283,19 +236,15 @@ class Trainer(Runner):
         return self.model(batch_dict)
 
     def validation_step(self, batch_dict):
-        """One batch of dataloaders.val (no gradients, eval mode): a tensor (logged as val/loss), a dict of
-        named scalars (val/<name>), or None; self.log_metric(name, value) works here too. Each value is
-        averaged over every sample of every rank. Default: forward_step's losses."""
+        """One batch of dataloaders.val: a tensor (val/loss), a dict (val/<name>) or None; default forward_step."""
         return self.forward_step(batch_dict)
 
     def parse_losses(self, losses):
-        """The loss to train from forward_step's output: each entry's mean, summed; each (and their sum,
-        `total_loss`) is logged, averaged over the log interval and the ranks, without a host read."""
+        """The loss to train from forward_step's output: each entry's mean, summed; each logged (LossBook)."""
         return self.losses_book.parse(losses)
 
     def backward_step(self, loss):
-        """Backward of one micro-batch; the last of a step clips, steps the optimizer (or skips the step
-        everywhere when the NaN guard says so), the scheduler and the EMA."""
+        """Backward of one micro-batch; the last of a step steps (or the NaN guard skips) optimizer and all."""
         accumulation = self.gradient_accumulation_steps
         self.strategy.backward(loss / accumulation)
         self._step_loss = loss.detach() / accumulation + (self._step_loss if self._micro_step else 0)
@@ -303,9 +252,7 @@ class Trainer(Runner):
             self._last_result = self._optimizer_step(self._step_loss)
 
     def _optimizer_step(self, step_loss):
-        """Returns the StepResult. A step the NaN guard skips leaves the optimizer, the scheduler and the
-        EMA untouched (where the skip is decided on the device, the scheduler is rewound when the step is
-        settled)."""
+        """Clip, step the optimizer, the schedulers and the EMA; a skipped step moves none (SchedulerRewind)."""
         train, strategy = self.train_config, self.strategy
         result = strategy.step(train.max_grad_norm, measure=(self.step + 1) % train.log_interval == 0,
                                verdict=self.nan_guard.verdict(strategy, step_loss))
@@ -353,7 +300,7 @@ class Trainer(Runner):
         self.nan_guard.settle(self.step, wait=True)
         self.last_metrics = self.run_log.line(
             self.step, self.losses_book.take_averages(self.strategy.reduce_mean, self._last_result.grad_norm),
-            self.scheduler.get_last_lr()[0], self.nan_guard.take_window() if self.nan_guard.enabled else None,
+            self.scheduler.get_last_lr()[0], self.nan_guard.take_window(),
             self.evaluation.logged.average(cpu_group=self.env.cpu_group), validated or {})
 
     def print_after_train(self):
@@ -414,8 +361,8 @@ class Trainer(Runner):
 
     def _finish(self):
         self.wait_for_checkpoint()
+        signal = (self.preemption.signal_name or "a signal on another rank") if self.preempted else None
         log_end(self.step, self.max_steps, self.checkpoints.latest(), getattr(self, "last_metrics", {}),
-                self.logging_dir, preempted_by=(self.preemption.signal_name or "a signal on another rank")
-                if self.preempted else None)
+                self.logging_dir, preempted_by=signal)
         self.strategy.close()
         return self
