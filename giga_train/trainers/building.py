@@ -29,6 +29,14 @@ TRAINER_KEYWORDS = (
     "logging_dir")
 
 
+def train_prepare_arguments(config):
+    """Trainer.prepare's arguments from the validated config: the training data, the models to train
+    (models.train, or the models section), the optimizers' and schedulers' configs."""
+    models = config.models
+    return dict(dataloaders=config.dataloaders.train, models=models.train if "train" in models else models,
+                optimizers=config.optimizers, schedulers=config.schedulers)
+
+
 def seed_everything(seed):
     random.seed(seed)
     np.random.seed(seed % 2**32)

@@ -49,5 +49,13 @@ class EpochClock:
                         trainer.train_config.max_epochs, max_steps)
 
 
+def steps_per_epoch(stream, accumulation, max_steps):
+    """Optimizer steps per epoch of `stream`. A stream without a length (an IterableDataset) counts the whole
+    run, `max_steps` (the schema requires it for one), as one epoch for what is counted in epochs."""
+    if not hasattr(stream, "__len__"):
+        return max_steps
+    return int(math.ceil(len(stream) / accumulation))
+
+
 def max_steps_by_epochs(max_epochs, epoch_size, clock):
     return int(math.ceil(max_epochs * epoch_size - clock.offset))

@@ -46,6 +46,11 @@ class Evaluation:
         """Whether step `step` validates: every `every` steps and at the last."""
         return self.validator is not None and not (step % every and step != last_step)
 
+    def keep(self, results):
+        """This step's validation `results`, kept for its log line; returned."""
+        self.results = results
+        return results
+
     def take_results(self):
         """This step's validation results (None when it did not validate); then none."""
         results, self.results = self.results, None

@@ -73,13 +73,14 @@ class RunLog:
         self.metrics.close()
 
 
-def log_end(step, max_steps, checkpoint, last_metrics, logging_dir, preempted_by=None):
-    """The run's last line: where it stopped (`preempted_by`: the signal's name, when a signal stopped it),
-    its final loss (`last_metrics`' total_loss) and newest `checkpoint`."""
-    if preempted_by is not None:
+def log_end(trainer, checkpoint):
+    """The run's last line: where it stopped (and the signal that stopped it: trainer.preempted), the final
+    loss and the newest `checkpoint`."""
+    if trainer.preempted:
         log.info("preempted (%s) at step %d of %d: saved %s; rerun with train.resume=True to continue",
-                 preempted_by, step, max_steps, checkpoint)
+                 trainer.preemption.signal_name or "a signal on another rank", trainer.step, trainer.max_steps,
+                 checkpoint)
         return
-    loss = last_metrics.get("total_loss")
-    log.info("done at step %d%s; checkpoint: %s; TensorBoard: tensorboard --logdir %s", step,
-             f", final loss {loss:.4f}" if loss is not None else "", checkpoint, logging_dir)
+    loss = getattr(trainer, "last_metrics", {}).get("total_loss")
+    log.info("done at step %d%s; checkpoint: %s; TensorBoard: tensorboard --logdir %s", trainer.step,
+             f", final loss {loss:.4f}" if loss is not None else "", checkpoint, trainer.logging_dir)

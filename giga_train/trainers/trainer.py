@@ -18,14 +18,15 @@ from ..optimizers.group import OptimizerGroup
 from ..schema.train import train_kwargs
 from .building import (TRAINER_KEYWORDS, build_optimizers, build_parts, build_schedulers, build_strategy,
                        checkpoint_blocks, float8_linears, parallelize_model, seed_everything, the_one_model,
-                       train_stream)
+                       train_prepare_arguments, train_stream)
 from .checkpointing import load_model_folders, write_config
 from .ema import EMA
-from .epochs import EpochClock, max_steps_by_epochs
+from .epochs import EpochClock, max_steps_by_epochs, steps_per_epoch
 from .evaluation import Evaluation
 from .losses import LossBook
 from .run_log import RunLog, log_end
 from .runner import Runner
+from .stepping import optimizer_step
 
 log = logging.getLogger("giga_train")
 
@@ -48,17 +49,12 @@ class Trainer(Runner):
         self.losses_book = LossBook(self.gradient_accumulation_steps)
         seed_everything(self.train_config.seed)  # every rank builds the same initial weights
 
-    def extra_options(self, options):
-        return train_kwargs(options)
-
-    def prepare_arguments(self, config):
-        models = config.models
-        return dict(dataloaders=config.dataloaders.train, models=models.train if "train" in models else models,
-                    optimizers=config.optimizers, schedulers=config.schedulers)
+    extra_options = staticmethod(train_kwargs)  # self.kwargs: the train section's keys GigaTrain does not name
+    prepare_arguments = staticmethod(train_prepare_arguments)  # prepare()'s, from the config's sections
 
     # -- building (GigaTrain's prepare and its hooks) -------------------------------------------
     def prepare(self, dataloaders, models, optimizers, schedulers):
-        """The engine, then the building hooks in GigaTrain's order (the module docstring), then the parts."""
+        """The engine, then the building hooks in GigaTrain's order (docs/guide.md), then the parts."""
         self.start_job()
         self.strategy = build_strategy(self)
         self._dataloaders = as_list(self.get_dataloaders(dataloaders))
@@ -92,9 +88,9 @@ class Trainer(Runner):
         default_init_weights(model)
 
     def set_ema_models(self):
-        """With train.with_ema: the moving average of the trainable weights (sharded as the model is)."""
+        """With train.with_ema: the moving average of the trainable weights (sharded as the model is), with
+        GigaTrain's decay warm-up, min((1 + s) / (10 + s), ema_decay): the first update copies the weights."""
         if self.train_config.with_ema:
-            # GigaTrain's decay warm-up, min((1 + s) / (10 + s), ema_decay): the first update copies the weights
             self.ema = EMA(self.unwrapped_model, self.train_config.ema_decay, warmup=True)
 
     def apply_activation_checkpointing(self, models=None):
@@ -122,30 +118,20 @@ class Trainer(Runner):
         mode = self.options.get("mixed_precision")
         return None if mode in (None, "no") else mode
 
-    @property
-    def unwrapped_model(self): return self.strategy.unwrap()
-    @property
-    def optimizers(self): return self._optimizers
-    @property
-    def optimizer(self): return self._optimizers[0]
-    @property
-    def schedulers(self): return self._schedulers
-    @property
-    def scheduler(self): return self._schedulers[0]
-    @property
-    def gradient_accumulation_steps(self): return self.train_config.gradient_accumulation_steps
-    @property
-    def rank(self): return self.process_index
-    @property
-    def world_size(self): return self.num_processes
-    @property
-    def sync_gradients(self): return self._micro_step == self.gradient_accumulation_steps - 1  # a step's last
-    @property
-    def cur_step(self): return self.step + 1 if self._stepping else self.step  # GigaTrain's: 1-based in a step
-    @property
-    def cur_epoch(self): return int(math.ceil(self.epoch_clock.steps(self.cur_step) / self.epoch_size))
-    @property
-    def epoch(self): return self._stream.epoch  # the epoch the data stream is in (0-based)
+    unwrapped_model = property(lambda self: self.strategy.unwrap())  # the model without the engine's wrapper
+    optimizers = property(lambda self: self._optimizers)
+    optimizer = property(lambda self: self._optimizers[0])
+    schedulers = property(lambda self: self._schedulers)
+    scheduler = property(lambda self: self._schedulers[0])
+    gradient_accumulation_steps = property(lambda self: self.train_config.gradient_accumulation_steps)
+    rank = property(lambda self: self.process_index)
+    world_size = property(lambda self: self.num_processes)
+    # True in the last micro-batch of a step: its backward syncs the gradients and steps
+    sync_gradients = property(lambda self: self._micro_step == self.gradient_accumulation_steps - 1)
+    # GigaTrain's step counter: the step being computed (1-based) inside a step, else the steps done
+    cur_step = property(lambda self: self.step + 1 if self._stepping else self.step)
+    cur_epoch = property(lambda self: int(math.ceil(self.epoch_clock.steps(self.cur_step) / self.epoch_size)))
+    epoch = property(lambda self: self._stream.epoch)  # the epoch the data stream is in (0-based)
 
     @property
     def batch_size(self):
@@ -163,9 +149,7 @@ class Trainer(Runner):
     @property
     def epoch_size(self):
         """Optimizer steps per epoch; a stream without a length (an IterableDataset) is one epoch of max_steps."""
-        if not hasattr(self.dataloader, "__len__"):
-            return self.train_config.max_steps
-        return int(math.ceil(len(self.dataloader) / self.gradient_accumulation_steps))
+        return steps_per_epoch(self.dataloader, self.gradient_accumulation_steps, self.train_config.max_steps)
 
     @property
     def max_epochs(self):
@@ -244,26 +228,12 @@ class Trainer(Runner):
         return self.losses_book.parse(losses)
 
     def backward_step(self, loss):
-        """Backward of one micro-batch; the last of a step steps (or the NaN guard skips) optimizer and all."""
+        """Backward of one micro-batch; the last of a step clips and steps the optimizers, schedulers and EMA."""
         accumulation = self.gradient_accumulation_steps
         self.strategy.backward(loss / accumulation)
         self._step_loss = loss.detach() / accumulation + (self._step_loss if self._micro_step else 0)
-        if self.sync_gradients:
-            self._last_result = self._optimizer_step(self._step_loss)
-
-    def _optimizer_step(self, step_loss):
-        """Clip, step the optimizer, the schedulers and the EMA; a skipped step moves none (SchedulerRewind)."""
-        train, strategy = self.train_config, self.strategy
-        result = strategy.step(train.max_grad_norm, measure=(self.step + 1) % train.log_interval == 0,
-                               verdict=self.nan_guard.verdict(strategy, step_loss))
-        if result.skipped and result.nonfinite_names:  # read on the host: nothing else moves
-            return result
-        self.nan_guard.before_scheduler_step(self.step + 1, result)
-        for scheduler in self.schedulers:
-            scheduler.step()
-        if self.ema is not None:
-            self.ema.update(skip=result.found_inf)  # a no-op on the device for a skipped step
-        return result
+        if self.sync_gradients:  # skipped everywhere when the NaN guard says so (stepping.py)
+            self._last_result = optimizer_step(self, self._step_loss)
 
     # -- metrics that are not trained, validation (the evaluation part does the work) -------------
     def log_metric(self, name, value):
@@ -285,11 +255,10 @@ class Trainer(Runner):
     def validate_if_due(self):
         """After every step: validate every train.eval_interval steps and at the last (train.checkpoint_best)."""
         if self.evaluation.due(self.step, self.train_config.eval_interval, self.max_steps):
-            self.evaluation.results = self.validate()
-            self.checkpointing.validated(self.step, self.evaluation.results)
+            self.checkpointing.validated(self.step, self.evaluation.keep(self.validate()))
 
     # -- logging (GigaTrain's print hooks; the run's log does the work) ---------------------------
-    def print_before_train(self):
+    def print_before_train(self):  # the model's size, the ranks and batches, where things go; the clock starts
         self.run_log.before_train(self)
 
     def print_step(self):
@@ -361,8 +330,6 @@ class Trainer(Runner):
 
     def _finish(self):
         self.wait_for_checkpoint()
-        signal = (self.preemption.signal_name or "a signal on another rank") if self.preempted else None
-        log_end(self.step, self.max_steps, self.checkpoints.latest(), getattr(self, "last_metrics", {}),
-                self.logging_dir, preempted_by=signal)
+        log_end(self, self.checkpoints.latest())
         self.strategy.close()
         return self
