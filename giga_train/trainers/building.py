@@ -37,6 +37,12 @@ def train_prepare_arguments(config):
                 optimizers=config.optimizers, schedulers=config.schedulers)
 
 
+def allow_tf32(train):
+    """train.allow_tf32 (default True) on a GPU: TF32 matmuls and convolutions."""
+    if train.get("allow_tf32", True) and torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+
+
 def seed_everything(seed):
     random.seed(seed)
     np.random.seed(seed % 2**32)

@@ -1,14 +1,10 @@
-"""The Trainer: GigaTrain's surface (its constructor, properties and hooks, called at the same points) over
-our engine; subclass it, write get_models and forward_step. Built by load(config), or directly
-(`MyTrainer(config=a_dict)`, then train()); building opens nothing, prepare makes the engine. The loop and
-the hooks are here; the work is the parts': the engine (`strategy`), checkpointing.py (with the best
-checkpoint), losses.py, nan_guard.py, evaluation.py, run_log.py, building.py. The hooks in the order they
-are called: docs/guide.md.
-"""
+"""The Trainer: GigaTrain's surface (constructor, properties, hooks called at the same points) over our
+engine; subclass it, write get_models and forward_step. Built by load(config), or directly (then train());
+building opens nothing, prepare makes the engine. The loop and the hooks are here, the work in the parts:
+the engine (`strategy`), checkpointing.py, losses.py, nan_guard.py, stepping.py, evaluation.py, run_log.py,
+building.py. The hooks, in the order they are called: docs/guide.md."""
 import logging
 import math
-
-import torch
 
 from ..compat.utils import as_list
 from ..data import as_stream
@@ -16,12 +12,12 @@ from ..distributed.preemption import PreemptionSignals
 from ..engine.meta_start import building_context, default_init_weights
 from ..optimizers.group import OptimizerGroup
 from ..schema.train import train_kwargs
-from .building import (TRAINER_KEYWORDS, build_optimizers, build_parts, build_schedulers, build_strategy,
+from .building import (TRAINER_KEYWORDS, allow_tf32, build_optimizers, build_parts, build_schedulers, build_strategy,
                        checkpoint_blocks, float8_linears, parallelize_model, seed_everything, the_one_model,
                        train_prepare_arguments, train_stream)
 from .checkpointing import load_model_folders, write_config
 from .ema import EMA
-from .epochs import EpochClock, max_steps_by_epochs, steps_per_epoch
+from .epochs import EpochClock, max_steps_by_epochs, samples_per_step, steps_per_epoch
 from .evaluation import Evaluation
 from .losses import LossBook
 from .run_log import RunLog, log_end
@@ -38,8 +34,7 @@ class Trainer(Runner):
         super().__init__(project_dir, config=config, **train)
         self.train_config = self.options
         self.strategy = None  # the engine: made by prepare (it opens the process group)
-        if self.train_config.get("allow_tf32", True) and torch.cuda.is_available():
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        allow_tf32(self.train_config)
         self.step = 0  # optimizer steps completed (cur_step is GigaTrain's, 1-based inside a step)
         self.epoch_clock = EpochClock()  # epochs by the samples seen (a resume may change the batch)
         self._stepping, self._micro_step = False, 0  # inside a step; the micro-batch of it being computed
@@ -136,9 +131,8 @@ class Trainer(Runner):
     @property
     def batch_size(self):
         """Samples per optimizer step, all ranks together."""
-        per_rank = getattr(self.dataloader, "batch_size", None) or 1
-        parallel = self.train_config.get("data_parallel_size") or 1
-        return per_rank * self.data_rank_and_world[1] * self.gradient_accumulation_steps // parallel
+        return samples_per_step(self.dataloader, self.data_rank_and_world[1], self.gradient_accumulation_steps,
+                                self.train_config.get("data_parallel_size") or 1)
 
     @property
     def data_rank_and_world(self):
@@ -206,8 +200,7 @@ class Trainer(Runner):
         try:
             for self._micro_step in range(self.gradient_accumulation_steps):
                 batch = next(self._stream)
-                # The trainer owns the accumulation boundary: only the last micro-step syncs gradients.
-                with self.strategy.accumulating(not self.sync_gradients):
+                with self.strategy.accumulating(not self.sync_gradients):  # only the last micro-step syncs
                     with self.strategy.autocast():
                         losses = self.forward_step(batch)
                     self.backward_step(self.parse_losses(losses))
@@ -235,7 +228,7 @@ class Trainer(Runner):
         if self.sync_gradients:  # skipped everywhere when the NaN guard says so (stepping.py)
             self._last_result = optimizer_step(self, self._step_loss)
 
-    # -- metrics that are not trained, validation (the evaluation part does the work) -------------
+    # -- metrics that are not trained, validation, the log (the evaluation part and the run's log do the work) --
     def log_metric(self, name, value):
         """Log a scalar that is not trained, anywhere in a step (inside validation_step: val/<name>)."""
         self.evaluation.add(name, value)
@@ -256,8 +249,6 @@ class Trainer(Runner):
         """After every step: validate every train.eval_interval steps and at the last (train.checkpoint_best)."""
         if self.evaluation.due(self.step, self.train_config.eval_interval, self.max_steps):
             self.checkpointing.validated(self.step, self.evaluation.keep(self.validate()))
-
-    # -- logging (GigaTrain's print hooks; the run's log does the work) ---------------------------
     def print_before_train(self):  # the model's size, the ranks and batches, where things go; the clock starts
         self.run_log.before_train(self)
 
