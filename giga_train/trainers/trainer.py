@@ -249,6 +249,7 @@ class Trainer(Runner):
         """After every step: validate every train.eval_interval steps and at the last (train.checkpoint_best)."""
         if self.evaluation.due(self.step, self.train_config.eval_interval, self.max_steps):
             self.checkpointing.validated(self.step, self.evaluation.keep(self.validate()))
+
     def print_before_train(self):  # the model's size, the ranks and batches, where things go; the clock starts
         self.run_log.before_train(self)
 
