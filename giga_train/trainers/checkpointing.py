@@ -45,9 +45,11 @@ class TrainerCheckpoints:
             self.best.update(step, results)
 
     def save(self):
-        """Write a checkpoint of this step (at most one save in flight: the one before is waited for, and
-        its error surfaces, first); then the best checkpoint's record."""
+        """Write a checkpoint of this step once the NaN guard has settled it (so a stop comes before anything is
+        written), at most one save in flight (the one before is waited for, and its error surfaces, first);
+        then the best checkpoint's record."""
         trainer = self.trainer
+        trainer.nan_guard.settle(trainer.step, wait=True)
         trainer.wait_for_checkpoint()
         # GigaTrain's name: checkpoint_epoch_{cur_epoch}_step_{cur_step}, cur_epoch = ceil(step / epoch_size)
         self.checkpointer.save(trainer.step, trainer.cur_epoch, trainer.checkpoint_meta(), trainer.state_dict)

@@ -129,20 +129,17 @@ class Trainer(Runner):
     epoch = property(lambda self: self._stream.epoch)  # the epoch the data stream is in (0-based)
 
     @property
-    def batch_size(self):
-        """Samples per optimizer step, all ranks together."""
+    def batch_size(self):  # samples per optimizer step, all ranks together
         return samples_per_step(self.dataloader, self.data_rank_and_world[1], self.gradient_accumulation_steps,
                                 self.train_config.get("data_parallel_size") or 1)
 
     @property
-    def data_rank_and_world(self):
-        """(data-parallel rank, data-parallel ranks): without an engine (the offline tools) the process's."""
+    def data_rank_and_world(self):  # (data-parallel rank, data-parallel ranks); without an engine the process's
         strategy = getattr(self, "strategy", None)
         return (strategy.data_rank, strategy.data_world_size) if strategy else (self.process_index, self.num_processes)
 
     @property
-    def epoch_size(self):
-        """Optimizer steps per epoch; a stream without a length (an IterableDataset) is one epoch of max_steps."""
+    def epoch_size(self):  # optimizer steps per epoch (an IterableDataset's run: one epoch of max_steps)
         return steps_per_epoch(self.dataloader, self.gradient_accumulation_steps, self.train_config.max_steps)
 
     @property
@@ -152,9 +149,8 @@ class Trainer(Runner):
 
     @property
     def max_steps(self):
-        max_steps = self.train_config.max_steps or 0
-        return max_steps if max_steps > 0 else max_steps_by_epochs(self.train_config.max_epochs, self.epoch_size,
-                                                                   self.epoch_clock)
+        steps, train = self.train_config.max_steps or 0, self.train_config
+        return steps if steps > 0 else max_steps_by_epochs(train.max_epochs, self.epoch_size, self.epoch_clock)
 
     # -- the loop -------------------------------------------------------------------------------
     def train(self):
@@ -275,7 +271,6 @@ class Trainer(Runner):
 
     def save_checkpoint(self):
         """Write a checkpoint of this step; the NaN guard settles first, so a stop comes before anything is written."""
-        self.nan_guard.settle(self.step, wait=True)
         self.checkpointing.save()
 
     def wait_for_checkpoint(self, raise_errors=True):
