@@ -100,7 +100,7 @@ def test_the_import_graph_has_no_cycle():
 def test_the_checker_sees_edges():
     """The graph is not empty by accident: known edges are found (a relative and a lazy import)."""
     graph = edges(modules())
-    assert "errors" in graph["config"] and "checkpoint.checkpointer" in graph["trainers.trainer"]
+    assert "errors" in graph["config"] and "checkpoint.checkpointer" in graph["trainers.building"]
     assert "checkpoint.formats.full_state" in graph["tools.convert"]  # imported inside a function
 
 

@@ -1,8 +1,8 @@
 """The Trainer's checkpointing part, on our Checkpointer: when a step saves, what to resume from (ours, or
 the real GigaTrain 1.1's checkpoints), and the data position a GigaTrain step gives; beside it, loading
 model folders into models and the saved config (GigaTrain's load_checkpoint and save_config, which need no
-run). The Trainer's GigaTrain hooks (save_checkpoint, resume, ...) delegate here; what a checkpoint holds
-of the trainer is its own state_dict and checkpoint_meta hooks."""
+run). The Trainer's GigaTrain hooks (save_checkpoint, resume, state_dict, checkpoint_meta, ...) delegate
+here; the best checkpoint (train.checkpoint_best) is this part's."""
 import json
 import logging
 import os
@@ -15,6 +15,7 @@ from ..checkpoint.formats.model_layout import class_name as module_class_name, f
 from ..errors import ConfigError
 from ..schema.train import checkpoint_steps
 from ..compat.utils import load_state_dict
+from .best_checkpoint import BestCheckpoint
 from .resume_config import config_applies
 
 log = logging.getLogger("giga_train")
@@ -26,25 +27,74 @@ class TrainerCheckpoints:
 
     def __init__(self, trainer, checkpointer, stream):
         self.trainer, self.checkpointer, self.stream = trainer, checkpointer, stream
+        best = trainer.train_config.checkpoint_best
+        self.best = BestCheckpoint(best, checkpointer.folders, trainer.is_main_process) if best else None
 
-    def due(self, best=None):
+    def due(self):
         """Whether this step saves: train.checkpoint_interval (steps; epochs when training by epochs, a
         float being a fraction of one), the last step, as GigaTrain does; or the best validation so far
-        (`best`, a BestCheckpoint) was this step's."""
-        trainer = self.trainer
+        (train.checkpoint_best) was this step's."""
+        trainer, best = self.trainer, self.best
         every = checkpoint_steps(trainer.train_config, trainer.epoch_size)
         return bool((every and trainer.epoch_clock.crossed(trainer.step, every))
                     or trainer.step == trainer.max_steps or (best is not None and best.due == trainer.step))
 
+    def validated(self, step, results):
+        """After a validation at `step`: with train.checkpoint_best, its results may make this step the best."""
+        if self.best is not None:
+            self.best.update(step, results)
+
     def save(self):
-        """Write a checkpoint of this step (at most one save in flight: the one before is waited for, and
-        its error surfaces, first)."""
+        """Write a checkpoint of this step once the NaN guard has settled it (so a stop comes before anything is
+        written), at most one save in flight (the one before is waited for, and its error surfaces, first);
+        then the best checkpoint's record."""
         trainer = self.trainer
         if trainer.train_config.get("dry_run"):
             return  # a dry run writes no checkpoint (launch/dry_run.py)
+        trainer.nan_guard.settle(trainer.step, wait=True)
         trainer.wait_for_checkpoint()
         # GigaTrain's name: checkpoint_epoch_{cur_epoch}_step_{cur_step}, cur_epoch = ceil(step / epoch_size)
         self.checkpointer.save(trainer.step, trainer.cur_epoch, trainer.checkpoint_meta(), trainer.state_dict)
+        if self.best is not None:
+            self.best.saved(trainer.step, trainer.cur_epoch)
+
+    def save_last(self):
+        """At the end of training (or a preemption): a checkpoint of this step unless the newest is one; all
+        written when it returns."""
+        trainer = self.trainer
+        trainer.wait_for_checkpoint()  # latest_step() must see the save in flight
+        if self.checkpointer.latest_step() != trainer.step:
+            trainer.save_checkpoint()
+        trainer.wait_for_checkpoint()
+
+    def trainer_state(self):
+        """The trainer's own state in a checkpoint (training_state.pt): schedulers, data position, step, the
+        epoch clock's offset, and the best checkpoint's record."""
+        trainer = self.trainer
+        state = {"schedulers": [s.state_dict() for s in trainer.schedulers], "data": self.stream.state_dict(),
+                 "step": trainer.step, "epoch_offset": trainer.epoch_clock.state_dict()}
+        if self.best is not None:
+            state["best"] = self.best.state_dict()
+        return state
+
+    def load_trainer_state(self, state):
+        """Restore what trainer_state returned (or a GigaTrain checkpoint's training state)."""
+        trainer = self.trainer
+        for scheduler, saved in zip(trainer.schedulers, state.get("schedulers") or [state["scheduler"]]):
+            scheduler.load_state_dict(saved)
+        self.stream.load_state_dict(state["data"])
+        trainer.step = int(state["step"])
+        trainer.epoch_clock.resumed(trainer, state["data"], state.get("epoch_offset"))
+        if self.best is not None:
+            self.best.load_state_dict(state.get("best"))
+
+    def meta(self):
+        """What meta.json records beside the files."""
+        trainer = self.trainer
+        return dict(step=trainer.step, epoch=trainer.epoch, samples_seen=getattr(self.stream, "samples_seen", None),
+                    world_size=trainer.num_processes, distributed_type=trainer.distributed_type,
+                    mixed_precision=trainer.mixed_precision, ema=trainer.ema is not None,
+                    config=trainer.config.to_dict())
 
     def resume(self, named):
         """Continue from the checkpoint folder `named` (None: the newest complete one), written by any

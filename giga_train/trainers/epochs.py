@@ -2,7 +2,7 @@
 world size or the accumulation changed), the steps taken before it count by the data they consumed, so
 max_epochs trains the epochs asked for and the checkpoint names match the data's epochs. `offset` is the
 steps of the current batch the position stands for, minus the steps taken; it is saved with the trainer's
-state, so a later resume keeps it."""
+state, so a later resume keeps it. Beside it, the sizes the Trainer's epoch_size and batch_size give."""
 import logging
 import math
 
@@ -47,6 +47,20 @@ class EpochClock:
                         " run counts epochs from the samples seen (train.max_epochs=%s: until step %d)", saved_batch,
                         stream.global_batch, trainer.step, self.steps(trainer.step) / trainer.epoch_size,
                         trainer.train_config.max_epochs, max_steps)
+
+
+def steps_per_epoch(stream, accumulation, max_steps):
+    """Optimizer steps per epoch of `stream`. A stream without a length (an IterableDataset) counts the whole
+    run, `max_steps` (the schema requires it for one), as one epoch for what is counted in epochs."""
+    if not hasattr(stream, "__len__"):
+        return max_steps
+    return int(math.ceil(len(stream) / accumulation))
+
+
+def samples_per_step(stream, data_world_size, accumulation, data_parallel_size):
+    """Samples per optimizer step, all ranks together (`stream`'s batch_size per rank, 1 without one)."""
+    per_rank = getattr(stream, "batch_size", None) or 1
+    return per_rank * data_world_size * accumulation // data_parallel_size
 
 
 def max_steps_by_epochs(max_epochs, epoch_size, clock):

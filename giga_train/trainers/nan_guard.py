@@ -107,6 +107,21 @@ class NanGuard:
         if self.enabled or OVERFLOW in result.nonfinite_names:  # the scaler's skips count with the guard off too
             self.pending.append(StepFlags(step, result))
 
+    def step_done(self, step, result):
+        """After step `step` (its StepResult): record it, and settle the flags that have reached the host
+        (never waits)."""
+        self.record(step, result)
+        self.settle(step)
+
+    def agreed_preemption(self, preemption, env, step):
+        """After each step, on every rank (a collective): whether a signal stops the run (PreemptionSignals),
+        agreed with whether a settle on any rank found a stop; that stop raises here (TrainingStopped), the
+        same on every rank."""
+        preempted, stopping = preemption.agreed(env, self.stopping is not None)
+        if stopping:
+            self.settle(step, wait=True)
+        return preempted
+
     def settle(self, now, wait=False):
         """Settle the pending steps in order: those whose flags have reached the host, or all (`wait`);
         a step skipped on the device takes its scheduler step back (SchedulerRewind). A stop found without
@@ -177,6 +192,9 @@ class NanGuard:
             f" checkpoint: {self.newest_checkpoint() or 'none yet'}")
 
     def take_window(self):
+        """The steps skipped since the last call, for the log line (None with the guard off); then 0."""
+        if not self.enabled:
+            return None
         count, self.window = self.window, 0
         return count
 

@@ -1,9 +1,14 @@
 """The training run's log, one object per train(): the trackers and progress bar (MetricLogger), throughput
-and FLOPs (PerfMeter), the profiler (train.profile), and the scalars of each log line."""
+and FLOPs (PerfMeter), the profiler (train.profile), the lines before and after training (GigaTrain's
+print_before_train and print_after_train) and the scalars of each log line; the run's last line."""
+import logging
 import os
+import time
 
 from ..errors import ConfigError
 from ..tracking import MetricLogger, PerfMeter, StepProfiler, hparams
+
+log = logging.getLogger("giga_train")
 
 
 class RunLog:
@@ -19,6 +24,25 @@ class RunLog:
                                                     world_size=trainer.num_processes), perf=self.perf)
         self.profiler = train.profile and StepProfiler(train.profile, trainer.logging_dir, trainer.process_index,
                                                        trainer.device, step)
+        self.start = None  # when training started (print_before_train)
+
+    def before_train(self, trainer):
+        """The model's size, the ranks and batches, where checkpoints and logs go (trainer.print); the clock."""
+        model = trainer.unwrapped_model
+        trainer.print("%s: %d parameters (%d trained)", type(model).__name__,
+                      sum(p.numel() for p in model.parameters()),
+                      sum(p.numel() for p in trainer.get_trainable_parameters(model)))
+        trainer.print("num_processes: %d, process_index: %d, data_size: %s, batch_size: %d, epoch_size: %d",
+                      trainer.num_processes, trainer.process_index, trainer.data_size, trainer.batch_size,
+                      trainer.epoch_size)
+        trainer.print("training %s from step %d to %d (%d samples/step) on %s; checkpoints in %s, logs in %s",
+                      type(model).__name__, trainer.step, trainer.max_steps, trainer.batch_size, trainer.device,
+                      trainer.model_dir, trainer.logging_dir)
+        self.start = time.perf_counter()
+
+    def after_train(self, trainer):
+        now = time.perf_counter()
+        trainer.print("total time: %.1f s", now - (now if self.start is None else self.start))
 
     def counting(self, step):
         """Context of step `step`'s work (its time, and its FLOPs when this is the step they are counted in)."""
@@ -47,3 +71,16 @@ class RunLog:
         if self.profiler:
             self.profiler.close()
         self.metrics.close()
+
+
+def log_end(trainer, checkpoint):
+    """The run's last line: where it stopped (and the signal that stopped it: trainer.preempted), the final
+    loss and the newest `checkpoint`."""
+    if trainer.preempted:
+        log.info("preempted (%s) at step %d of %d: saved %s; rerun with train.resume=True to continue",
+                 trainer.preemption.signal_name or "a signal on another rank", trainer.step, trainer.max_steps,
+                 checkpoint)
+        return
+    loss = getattr(trainer, "last_metrics", {}).get("total_loss")
+    log.info("done at step %d%s; checkpoint: %s; TensorBoard: tensorboard --logdir %s", trainer.step,
+             f", final loss {loss:.4f}" if loss is not None else "", checkpoint, trainer.logging_dir)

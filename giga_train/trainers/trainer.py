@@ -1,53 +1,32 @@
-"""The Trainer: GigaTrain's surface (its constructor, properties and hooks, called at the same points) over
-our engine. Subclass it, write get_models and forward_step; the config does the rest. Built by load(config),
-or directly (`MyTrainer(config=a_dict)`, then train()); building opens nothing, prepare makes the engine.
-
-    load(config)   -> Trainer(project_dir, config=config, **config.train); prepare(dataloaders.train, models,
-                      optimizers, schedulers): get_dataloaders, get_models, apply_activation_checkpointing,
-                      apply_fp8, (compile, shard: the strategy) get_optimizers, set_ema_models, get_schedulers
-    train()        -> print_before_train; per step: per micro-batch forward_step, parse_losses,
-                      backward_step (the last one steps the optimizers); validate_if_due (validate():
-                      validation_step per batch of dataloaders.val); print_step; save_checkpoint_step;
-                      then print_after_train
-
-Its parts: the engine (`strategy`), the Checkpointer and the checkpointing part (checkpointing.py), the
-loss book (losses.py), the NaN guard with its scheduler rewind (nan_guard.py), the validator, the metrics.
-"""
-import contextlib
+"""The Trainer: GigaTrain's surface (constructor, properties, hooks called at the same points) over our
+engine; subclass it, write get_models and forward_step. Built by load(config), or directly (then train());
+building opens nothing, prepare makes the engine. The loop and the hooks are here, the work in the parts:
+the engine (`strategy`), checkpointing.py, losses.py, nan_guard.py, stepping.py, evaluation.py, run_log.py,
+building.py. The hooks, in the order they are called: docs/guide.md."""
 import logging
 import math
-import time
 
-import torch
-
-from ..checkpoint.checkpointer import Checkpointer
 from ..compat.utils import as_list
-from ..data import as_stream, build_stream
+from ..data import as_stream
 from ..distributed.preemption import PreemptionSignals
-from ..engine import strategy_class
-from ..engine.activation_checkpointing import apply_activation_checkpointing
 from ..engine.attention import attention_backend
-from ..engine.fp8 import convert_to_float8
-from ..engine.meta_start import building_context, default_init_weights, rank0_loading
-from ..engine.parallelize import parallelize
-from ..errors import ConfigError
+from ..engine.meta_start import building_context, default_init_weights
 from ..optimizers.group import OptimizerGroup
 from ..schema.train import train_kwargs
-from ..tracking.metrics import MetricSums
-from .activation_budget import checkpointed_class_names
-from .best_checkpoint import BestCheckpoint
-from .building import TRAINER_KEYWORDS, build_optimizers, build_schedulers, seed_everything, the_one_model
-from .checkpointing import TrainerCheckpoints, load_model_folders, write_config
+from .building import (TRAINER_KEYWORDS, allow_tf32, build_optimizers, build_parts, build_schedulers, build_strategy,
+                       checkpoint_blocks, float8_linears, parallelize_model, seed_everything, the_one_model,
+                       train_prepare_arguments, train_stream)
+from .checkpointing import load_model_folders, write_config
 from .ema import EMA
+from .epochs import EpochClock, max_steps_by_epochs, samples_per_step, steps_per_epoch
+from .evaluation import Evaluation
+from .losses import LossBook
+from .run_log import RunLog, log_end
 from .flop_count import model_flops_per_sample
 from .gigatrain_attributes import GigaTrainAttributes
-from .epochs import EpochClock, max_steps_by_epochs
-from .losses import LossBook
-from .nan_guard import NanGuard, SchedulerRewind
 from . import random_streams
-from .run_log import RunLog
 from .runner import Runner
-from .validation import Validator
+from .stepping import optimizer_step
 
 log = logging.getLogger("giga_train")
 
@@ -59,42 +38,27 @@ class Trainer(GigaTrainAttributes, Runner):
         super().__init__(project_dir, config=config, **train)
         self.train_config = self.options
         self.strategy = None  # the engine: made by prepare (it opens the process group)
-        if self.train_config.get("allow_tf32", True) and torch.cuda.is_available():
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        allow_tf32(self.train_config)
         self.step = 0  # optimizer steps completed (cur_step is GigaTrain's, 1-based inside a step)
         self.epoch_clock = EpochClock()  # epochs by the samples seen (a resume may change the batch)
         self._stepping, self._micro_step = False, 0  # inside a step; the micro-batch of it being computed
         self._optimizers, self._schedulers, self.ema = [], [], None
         self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
-        self._logged_metrics = self._metric_sink = MetricSums(self.device)  # log_metric's, until the next log
-        self.validator = self.best_checkpoint = None
-        self._val_results = None  # the validation of this step, logged with its scalars
+        self.evaluation = Evaluation(self.device)  # log_metric's sums; the validator (made by prepare)
         self.losses_book = LossBook(self.gradient_accumulation_steps)
         seed_everything(self.train_config.seed)  # every rank builds the same initial weights
 
-    def extra_options(self, options):
-        return train_kwargs(options)
-
-    @property
-    def mixed_precision(self):
-        """As GigaTrain's Trainer: None without mixed precision."""
-        mode = self.options.get("mixed_precision")
-        return None if mode in (None, "no") else mode
-
-    def prepare_arguments(self, config):
-        models = config.models
-        return dict(dataloaders=config.dataloaders.train, models=models.train if "train" in models else models,
-                    optimizers=config.optimizers, schedulers=config.schedulers)
+    extra_options = staticmethod(train_kwargs)  # self.kwargs: the train section's keys GigaTrain does not name
+    prepare_arguments = staticmethod(train_prepare_arguments)  # prepare()'s, from the config's sections
 
     # -- building (GigaTrain's prepare and its hooks) -------------------------------------------
     def prepare(self, dataloaders, models, optimizers, schedulers):
-        train, launch = self.train_config, self.config.launch
+        """The engine, then the building hooks in GigaTrain's order (docs/guide.md), then the parts."""
         self.start_job()
-        self.strategy = strategy_class(launch)(self.env, launch, train, settings=self.config.engine_settings,
-                                               micro_batch_size=self.config.dataloaders.train.batch_size_per_gpu)
+        self.strategy = build_strategy(self)
         self._dataloaders = as_list(self.get_dataloaders(dataloaders))
         self._stream = as_stream(self.dataloader, self.device)  # what the loop reads; checkpoints its position
-        with building_context(launch, self.process_index):  # meta off rank 0 under rank-0 loading
+        with building_context(self.config.launch, self.process_index):  # meta off rank 0 under rank-0 loading
             self._models = [the_one_model(self.get_models(models))]
         self._built_rng = random_streams.capture()  # GigaTrain's stream goes on from here
         self._built_dtypes = {n: p.dtype for n, p in self._models[0].named_parameters()}  # the EMA's (GigaTrain's)
@@ -103,77 +67,40 @@ class Trainer(GigaTrainAttributes, Runner):
             self._models = [module]
             self._optimizers = as_list(self.get_optimizers(optimizers))
             return self._optimizers[0] if len(self._optimizers) == 1 else OptimizerGroup(self._optimizers)
-
-        self._models[0], _ = parallelize(  # the engine's optimizer (one, or an OptimizerGroup) is the strategy's
-            self._models[0], self.strategy, train, launch.fsdp_config, make_optimizers,
-            checkpoint=lambda model: self.apply_activation_checkpointing([model]),
-            float8=lambda model: self.apply_fp8([model]),
-            init_weights=None if type(self).init_weights is Trainer.init_weights else self.init_weights,
-            from_rank0=rank0_loading(launch))
+        own_init = None if type(self).init_weights is Trainer.init_weights else self.init_weights
+        self._models[0] = parallelize_model(self, make_optimizers, own_init)
         self.set_ema_models()
         self._schedulers = as_list(self.get_schedulers(schedulers))
-        self.checkpoints = Checkpointer(self.strategy, self.model_dir, train, self.ema,
-                                        model_name=getattr(self, "model_name", "model"),  # GigaTrain's attribute
-                                        rank_state=self._stream if getattr(self._stream, "per_rank_state", False)
-                                        else None)
-        self.checkpointing = TrainerCheckpoints(self, self.checkpoints, self._stream)
-        max_nan = train.max_nan_steps if train.max_nan_steps is not None else float("inf")  # None: never stop
-        self.nan_guard = NanGuard(train.nan_policy, max_nan, self.is_main_process, self.checkpoints.latest_finite,
-                                  rewind=SchedulerRewind(self.schedulers, self.optimizers),
-                                  max_overflow=train.max_overflow_steps or float("inf"))
-        val = self.config.dataloaders.get("val")
-        if train.eval_interval and val is not None:
-            self.validator = Validator(val, self.env, self.data_rank_and_world)
-            self.validator.max_batches = train.max_steps if train.get("dry_run") else None  # a dry run: a few
-        elif train.eval_interval:  # a GigaTrain fork's own key too: its trainer may validate by self.kwargs
-            self.print("train.eval_interval without dataloaders.val: giga-train validates nothing")
-        elif val is not None:
-            self.print("dataloaders.val is not used: set train.eval_interval to validate every N steps")
-        if train.checkpoint_best:
-            self.best_checkpoint = BestCheckpoint(train.checkpoint_best, self.checkpoints.folders,
-                                                  self.is_main_process)
+        self.checkpoints, self.checkpointing, self.nan_guard = build_parts(self, self._stream)
+        self.evaluation.prepare(self)
         # data ranks differ from here (dropout, noise); data rank 0 goes on with GigaTrain's stream
-        random_streams.continue_after_build(self._built_rng, train.seed, self.strategy.data_rank,
+        random_streams.continue_after_build(self._built_rng, self.train_config.seed, self.strategy.data_rank,
                                             shared=self.strategy.data_world_size != self.num_processes)
         self.prepared = True
 
     def get_dataloaders(self, data_config):
         """The training data: micro-batches on the device, resumable to the exact sample."""
-        rank, world = self.data_rank_and_world  # an SP group's ranks read the same samples
-        return build_stream(data_config, self.train_config.seed, rank, world,
-                            self.device, accumulation=self.gradient_accumulation_steps,
-                            data_parallel_size=self.train_config.get("data_parallel_size") or 1)
+        return train_stream(self, data_config)
 
     def get_models(self, model_config):
         """Return an nn.Module, or a ModuleDict of several (called with `config.models`)."""
         raise NotImplementedError(f"{type(self).__name__} must define get_models(self, model_config)")
 
     def init_weights(self, model):
-        """Fill a model that get_models built on the meta device, once sharded (FSDP2) or partitioned (ZeRO-3):
-        each rank's piece is allocated, uninitialised. Default: the model's init_weights(), else each module's
-        reset_parameters() (under ZeRO-3 as each module is materialised). Pretrained weights:
-        giga_train.load_safetensors_shards(model, path) reads each rank's rows or partition only. Under ZeRO-3
-        change a parameter in place inside deepspeed.zero.GatheredParameters(params, modifier_rank=0)."""
+        """Fill a model get_models built on the meta device, once sharded (docs/guide.md, "Large models")."""
         default_init_weights(model)
 
     def set_ema_models(self):
-        """With train.with_ema: the moving average of the trainable weights (sharded as the model is)."""
+        """With train.with_ema: the moving average of the trainable weights (sharded as the model is), with
+        GigaTrain's decay warm-up, min((1 + s) / (10 + s), ema_decay): the first update copies the weights."""
         if self.train_config.with_ema:
-            # GigaTrain's decay warm-up, min((1 + s) / (10 + s), ema_decay): the first update copies the weights
-            self.ema = EMA(self.unwrapped_model, self.train_config.ema_decay, warmup=True,
-                           dtypes=getattr(self, "_built_dtypes", None))
+            self.ema = EMA(self.unwrapped_model, self.train_config.ema_decay, warmup=True, dtypes=getattr(self, "_built_dtypes", None))
 
     def apply_activation_checkpointing(self, models=None):
-        train = self.train_config
-        if train.activation_checkpointing and train.activation_class_names:
-            for model in models or self.models:
-                apply_activation_checkpointing(model, checkpointed_class_names(self, model),
-                                               selective=train.activation_checkpointing == "selective")
+        checkpoint_blocks(self, models or self.models)
 
     def apply_fp8(self, models=None):
-        if self.mixed_precision == "fp8":
-            for model in models or self.models:
-                convert_to_float8(model, self.train_config.fp8_config, fsdp2=self.strategy.gathers_float8_weights())
+        float8_linears(self, models or self.models)
 
     def get_trainable_parameters(self, model):
         """The parameters the optimizer updates (default: those with requires_grad)."""
@@ -184,62 +111,44 @@ class Trainer(GigaTrainAttributes, Runner):
         return build_optimizers(optimizers, self.models, self.get_trainable_parameters)
 
     def get_schedulers(self, schedulers):
-        """One scheduler per optimizer, from config dicts (given epoch_size, max_epochs and max_steps when
-        the scheduler takes them); one config serves every optimizer."""
+        """One scheduler per optimizer (one config serves all), from config dicts."""
         return build_schedulers(schedulers, self.optimizers, epoch_size=self.epoch_size, max_epochs=self.max_epochs,
                                 max_steps=self.max_steps)
 
-    # -- GigaTrain's properties -----------------------------------------------------------------
+    # -- GigaTrain's properties, and ours (unwrapped_model, sync_gradients, data_rank_and_world, epoch) -------
     @property
-    def unwrapped_model(self):
-        return self.strategy.unwrap()
+    def mixed_precision(self):  # as GigaTrain's Trainer: None without mixed precision
+        mode = self.options.get("mixed_precision")
+        return None if mode in (None, "no") else mode
+
+    unwrapped_model = property(lambda self: self.strategy.unwrap())  # the model without the engine's wrapper
+    optimizers = property(lambda self: self._optimizers)
+    optimizer = property(lambda self: self._optimizers[0])
+    schedulers = property(lambda self: self._schedulers)
+    scheduler = property(lambda self: self._schedulers[0])
+    gradient_accumulation_steps = property(lambda self: self.train_config.gradient_accumulation_steps)
+    rank = property(lambda self: self.process_index)
+    world_size = property(lambda self: self.num_processes)
+    # True in the last micro-batch of a step: its backward syncs the gradients and steps
+    sync_gradients = property(lambda self: self._micro_step == self.gradient_accumulation_steps - 1)
+    # GigaTrain's step counter: the step being computed (1-based) inside a step, else the steps done
+    cur_step = property(lambda self: self.step + 1 if self._stepping else self.step)
+    cur_epoch = property(lambda self: int(math.ceil(self.epoch_clock.steps(self.cur_step) / self.epoch_size)))
+    epoch = property(lambda self: self._stream.epoch)  # the epoch the data stream is in (0-based)
 
     @property
-    def optimizers(self):
-        return self._optimizers
+    def batch_size(self):  # samples per optimizer step, all ranks together
+        return samples_per_step(self.dataloader, self.data_rank_and_world[1], self.gradient_accumulation_steps,
+                                self.train_config.get("data_parallel_size") or 1)
 
     @property
-    def optimizer(self):
-        return self._optimizers[0]
-
-    @property
-    def schedulers(self):
-        return self._schedulers
-
-    @property
-    def scheduler(self):
-        return self._schedulers[0]
-
-    @property
-    def gradient_accumulation_steps(self):
-        return self.train_config.gradient_accumulation_steps
-
-    @property
-    def sync_gradients(self):
-        """True in the last micro-batch of a step: its backward syncs the gradients and steps."""
-        return self._micro_step == self.gradient_accumulation_steps - 1
-
-    @property
-    def batch_size(self):
-        """Samples per optimizer step, all ranks together."""
-        per_rank = getattr(self.dataloader, "batch_size", None) or 1
-        parallel = self.train_config.get("data_parallel_size") or 1
-        return per_rank * self.data_rank_and_world[1] * self.gradient_accumulation_steps // parallel
-
-    @property
-    def data_rank_and_world(self):
-        """(this rank's data-parallel coordinate, the data-parallel ranks): the rank and world size without
-        sequence parallelism; without an engine (the offline tools) the process's."""
+    def data_rank_and_world(self):  # (data-parallel rank, data-parallel ranks); without an engine the process's
         strategy = getattr(self, "strategy", None)
         return (strategy.data_rank, strategy.data_world_size) if strategy else (self.process_index, self.num_processes)
 
     @property
-    def epoch_size(self):
-        """Optimizer steps per epoch. A stream without a length (an IterableDataset) counts the whole run
-        as one epoch for what is counted in epochs (the schema requires max_steps for it)."""
-        if not hasattr(self.dataloader, "__len__"):
-            return self.train_config.max_steps
-        return int(math.ceil(len(self.dataloader) / self.gradient_accumulation_steps))
+    def epoch_size(self):  # optimizer steps per epoch (an IterableDataset's run: one epoch of max_steps)
+        return steps_per_epoch(self.dataloader, self.gradient_accumulation_steps, self.train_config.max_steps)
 
     @property
     def max_epochs(self):
@@ -248,31 +157,8 @@ class Trainer(GigaTrainAttributes, Runner):
 
     @property
     def max_steps(self):
-        max_steps = self.train_config.max_steps or 0
-        return max_steps if max_steps > 0 else max_steps_by_epochs(self.train_config.max_epochs, self.epoch_size,
-                                                                   self.epoch_clock)
-
-    @property
-    def cur_step(self):
-        """GigaTrain's step counter: the step being computed (1-based) inside a step, else the steps done."""
-        return self.step + 1 if self._stepping else self.step
-
-    @property
-    def cur_epoch(self):
-        return int(math.ceil(self.epoch_clock.steps(self.cur_step) / self.epoch_size))
-
-    @property
-    def epoch(self):
-        """The epoch the data stream is in (0-based)."""
-        return self._stream.epoch
-
-    @property
-    def rank(self):
-        return self.process_index
-
-    @property
-    def world_size(self):
-        return self.num_processes
+        steps, train = self.train_config.max_steps or 0, self.train_config
+        return steps if steps > 0 else max_steps_by_epochs(train.max_epochs, self.epoch_size, self.epoch_clock)
 
     # -- the loop -------------------------------------------------------------------------------
     def train(self):
@@ -294,24 +180,16 @@ class Trainer(GigaTrainAttributes, Runner):
                         result = self.train_step()
                     self.step += 1
                     self.run_log.step_done(self.step)
-                    self.nan_guard.record(self.step, result)
-                    self.nan_guard.settle(self.step)  # the flags that have reached the host; never waits
+                    self.nan_guard.step_done(self.step, result)
                     self.losses_book.end_step(result)
                     self.validate_if_due()
                     self.print_step()
                     self.save_checkpoint_step()
-                    # the same step on every rank; so is a stop that one rank's settle found first
-                    preempted, stopping = self.preemption.agreed(self.env, self.nan_guard.stopping is not None)
-                    if stopping:
-                        self.nan_guard.settle(self.step, wait=True)  # raises TrainingStopped, the same everywhere
-                    if preempted:
+                    if self.nan_guard.agreed_preemption(self.preemption, self.env, self.step):
                         self.preempted = True
                         break
                 self.nan_guard.settle(self.step, wait=True)  # also after a preemption: every rank is here
-                self.wait_for_checkpoint()  # latest() must see the save in flight
-                if self.checkpoints.latest_step() != self.step:
-                    self.save_checkpoint()
-                self.wait_for_checkpoint()
+                self.checkpointing.save_last()
         except BaseException:
             self.wait_for_checkpoint(raise_errors=False)  # what was taken before the error still lands
             raise
@@ -321,15 +199,13 @@ class Trainer(GigaTrainAttributes, Runner):
         return self._finish()
 
     def train_step(self):
-        """One optimizer step over `gradient_accumulation_steps` micro-batches, each through forward_step,
-        parse_losses and backward_step. Returns the step's StepResult."""
+        """One optimizer step: forward_step, parse_losses, backward_step per micro-batch; its StepResult."""
         self._stepping = True
         self.losses_book.start_step()
         try:
             for self._micro_step in range(self.gradient_accumulation_steps):
                 batch = next(self._stream)
-                # The trainer owns the accumulation boundary: only the last micro-step syncs gradients.
-                with self.strategy.accumulating(not self.sync_gradients):
+                with self.strategy.accumulating(not self.sync_gradients):  # only the last micro-step syncs
                     with self.strategy.autocast():
                         losses = self.forward_step(batch)
                     self.backward_step(self.parse_losses(losses))
@@ -342,128 +218,76 @@ class Trainer(GigaTrainAttributes, Runner):
         return self.model(batch_dict)
 
     def validation_step(self, batch_dict):
-        """One batch of dataloaders.val (no gradients, eval mode): a tensor (logged as val/loss), a dict of
-        named scalars (val/<name>), or None; self.log_metric(name, value) works here too. Each value is
-        averaged over every sample of every rank. Default: forward_step's losses."""
+        """One batch of dataloaders.val: a tensor (val/loss), a dict (val/<name>) or None; default forward_step."""
         return self.forward_step(batch_dict)
 
     def parse_losses(self, losses):
-        """The loss to train from forward_step's output: each entry's mean, summed; each (and their sum,
-        `total_loss`) is logged, averaged over the log interval and the ranks, without a host read."""
+        """The loss to train from forward_step's output: each entry's mean, summed; each logged (LossBook)."""
         return self.losses_book.parse(losses)
 
     def backward_step(self, loss):
-        """Backward of one micro-batch; the last of a step clips, steps the optimizer (or skips the step
-        everywhere when the NaN guard says so), the scheduler and the EMA."""
+        """Backward of one micro-batch; the last of a step clips and steps the optimizers, schedulers and EMA."""
         accumulation = self.gradient_accumulation_steps
         self.strategy.backward(loss / accumulation)
         self._step_loss = loss.detach() / accumulation + (self._step_loss if self._micro_step else 0)
-        if self.sync_gradients:
-            self._last_result = self._optimizer_step(self._step_loss)
+        if self.sync_gradients:  # skipped everywhere when the NaN guard says so (stepping.py)
+            self._last_result = optimizer_step(self, self._step_loss)
 
-    def _optimizer_step(self, step_loss):
-        """Returns the StepResult. A step the NaN guard skips leaves the optimizer, the scheduler and the
-        EMA untouched (where the skip is decided on the device, the scheduler is rewound when the step is
-        settled)."""
-        train, strategy = self.train_config, self.strategy
-        result = strategy.step(train.max_grad_norm, measure=(self.step + 1) % train.log_interval == 0,
-                               verdict=self.nan_guard.verdict(strategy, step_loss))
-        if result.skipped and result.nonfinite_names:  # read on the host: nothing else moves
-            return result
-        self.nan_guard.before_scheduler_step(self.step + 1, result)
-        for scheduler in self.schedulers:
-            scheduler.step()
-        if self.ema is not None:
-            self.ema.update(skip=result.found_inf)  # a no-op on the device for a skipped step
-        return result
-
-    # -- metrics that are not trained, validation ------------------------------------------------
+    # -- metrics that are not trained, validation, the log (the evaluation part and the run's log do the work) --
     def log_metric(self, name, value):
-        """Log a scalar that is not trained (a tensor, its mean, or a number) from anywhere in a step:
-        summed on the device, averaged over the calls since the last log step and over the ranks there.
-        Inside validation_step: a validation result (val/<name>)."""
-        self._metric_sink.add(name, value)
+        """Log a scalar that is not trained, anywhere in a step (inside validation_step: val/<name>)."""
+        self.evaluation.add(name, value)
 
     def log_metrics(self, values):
         for name, value in values.items():
             self.log_metric(name, value)
 
-    @contextlib.contextmanager
     def metrics_into(self, sums):
-        """While inside: log_metric adds to `sums` (a MetricSums) instead of the training log's."""
-        saved, self._metric_sink = self._metric_sink, sums
-        try:
-            yield sums
-        finally:
-            self._metric_sink = saved
+        """A context: while inside, log_metric adds to `sums` (a MetricSums) instead of the training log's."""
+        return self.evaluation.into(sums)
 
     def validate(self):
-        """validation_step over dataloaders.val (every rank its part, on the EMA weights with
-        train.eval_ema); returns {'val/<name>': float}, the same on every rank. A collective: every rank
-        calls it."""
-        if self.validator is None:
-            raise ConfigError("validate(): set train.eval_interval and dataloaders.val")
-        return self.validator.run(self, on_ema=self.train_config.eval_ema)
+        """validation_step over dataloaders.val; {'val/<name>': float}, the same on every rank (a collective)."""
+        return self.evaluation.validate(self)
 
     def validate_if_due(self):
-        """After every step: validate every train.eval_interval steps and at the last; the results are
-        logged with this step's scalars, and with train.checkpoint_best may make this step's checkpoint
-        the best."""
-        every = self.train_config.eval_interval
-        if self.validator is None or (self.step % every and self.step != self.max_steps):
-            return
-        self._val_results = self.validate()
-        if self.best_checkpoint is not None:
-            self.best_checkpoint.update(self.step, self._val_results)
+        """After every step: validate every train.eval_interval steps and at the last (train.checkpoint_best)."""
+        if self.evaluation.due(self.step, self.train_config.eval_interval, self.max_steps):
+            self.checkpointing.validated(self.step, self.evaluation.keep(self.validate()))
 
-    # -- logging (GigaTrain's print hooks) ------------------------------------------------------
-    def print_before_train(self):
-        self.print("%s: %d parameters (%d trained)", type(self.unwrapped_model).__name__,
-                   sum(p.numel() for p in self.unwrapped_model.parameters()),
-                   sum(p.numel() for p in self.get_trainable_parameters(self.unwrapped_model)))
-        self.print("num_processes: %d, process_index: %d, data_size: %s, batch_size: %d, epoch_size: %d",
-                   self.num_processes, self.process_index, self.data_size, self.batch_size, self.epoch_size)
-        self.print("training %s from step %d to %d (%d samples/step) on %s; checkpoints in %s, logs in %s",
-                   type(self.unwrapped_model).__name__, self.step, self.max_steps, self.batch_size, self.device,
-                   self.model_dir, self.logging_dir)
-        self._start_time = time.perf_counter()
+    def print_before_train(self):  # the model's size, the ranks and batches, where things go; the clock starts
+        self.run_log.before_train(self)
 
     def print_step(self):
-        """Every log_interval steps (and at the last): the averaged losses, lr, grad norm and timing, on the
-        main process's log, tracker and progress bar. The one place the loop waits for the device."""
-        validated, self._val_results = self._val_results, None
+        """Every log_interval steps, at the last and after a validation: the step's line (the loop's one wait)."""
+        validated = self.evaluation.take_results()
         if self.step % self.train_config.log_interval and self.step != self.max_steps and validated is None:
             return
         self.nan_guard.settle(self.step, wait=True)
         self.last_metrics = self.run_log.line(
             self.step, self.losses_book.take_averages(self.strategy.reduce_mean, self._last_result.grad_norm),
-            self.scheduler.get_last_lr()[0], self.nan_guard.take_window() if self.nan_guard.enabled else None,
-            self._logged_metrics.average(cpu_group=self.env.cpu_group), validated or {})
+            self.scheduler.get_last_lr()[0], self.nan_guard.take_window(),
+            self.evaluation.logged.average(cpu_group=self.env.cpu_group), validated or {})
 
     def print_after_train(self):
-        self.print("total time: %.1f s", time.perf_counter() - getattr(self, "_start_time", time.perf_counter()))
+        self.run_log.after_train(self)
 
     # -- checkpoints (GigaTrain's hooks; the checkpointing part does the work) ----------------------
     def save_checkpoint_step(self):
-        """After every step: save when train.checkpoint_interval says (steps; epochs when training by
-        epochs), at the last step, or when this step's validation is the best so far (checkpoint_best)."""
-        if self.checkpointing.due(self.best_checkpoint):
+        """After every step: save when train.checkpoint_interval says, at the last step, or at a new best."""
+        if self.checkpointing.due():
             self.save_checkpoint()
 
     def save_checkpoint(self):
         """Write a checkpoint of this step; the NaN guard settles first, so a stop comes before anything is written."""
-        self.nan_guard.settle(self.step, wait=True)
         self.checkpointing.save()
-        if self.best_checkpoint is not None:
-            self.best_checkpoint.saved(self.step, self.cur_epoch)
 
     def wait_for_checkpoint(self, raise_errors=True):
         """Return once no checkpoint is being written in the background (train.checkpoint_async)."""
         self.checkpoints.wait(raise_errors)
 
     def resume(self, checkpoint=None):
-        """Continue from `checkpoint` (a checkpoint folder, or its name under model_dir; None: the newest
-        complete one), written by any strategy at any world size, or by the real GigaTrain 1.1."""
+        """Continue from `checkpoint` (a folder, or its name under model_dir; None: the newest), ours or GigaTrain's."""
         self.checkpointing.resume(None if checkpoint is None else self._checkpoint_path(checkpoint))
 
     def resume_gigatrain(self, folder):
@@ -471,15 +295,12 @@ class Trainer(GigaTrainAttributes, Runner):
         self.checkpointing.resume_gigatrain(folder)
 
     def load_checkpoint(self, checkpoint, models, strict=True):
-        """Load model folders of `checkpoint` (get_checkpoint's forms) into `models`, each into the model
-        of the class its config.json names, as GigaTrain does between the stages of a project."""
+        """Load model folders of `checkpoint` (get_checkpoint's forms) into `models`, by the class each names."""
         if checkpoint is not None:
             load_model_folders(self.get_checkpoint(checkpoint), models, strict, say=self.print)
 
     def remove_checkpoint(self, total_limit=None):
-        """GigaTrain's clean-up of model_dir on the main process: the rolling limit (train.checkpoint_total_limit,
-        or `total_limit`) and, with checkpoint_save_optimizer=False, the optimizer state of all but the two
-        newest (Checkpointer.clean_up). Saves call it too."""
+        """The rolling limit (train.checkpoint_total_limit, or `total_limit`) on model_dir, main process."""
         if self.is_main_process:
             self.checkpoints.clean_up(total_limit)
 
@@ -489,28 +310,15 @@ class Trainer(GigaTrainAttributes, Runner):
             write_config(config, self.project_dir)
 
     def state_dict(self):
-        """The trainer's own state in a checkpoint (training_state.pt): schedulers, data position, step, and
-        the best checkpoint's record, the epoch clock's offset."""
-        state = {"schedulers": [s.state_dict() for s in self.schedulers], "data": self._stream.state_dict(),
-                 "step": self.step, "epoch_offset": self.epoch_clock.state_dict()}
-        if self.best_checkpoint is not None:
-            state["best"] = self.best_checkpoint.state_dict()
-        return state
+        """The trainer's own state in a checkpoint (training_state.pt)."""
+        return self.checkpointing.trainer_state()
 
     def load_state_dict(self, state):
-        for scheduler, saved in zip(self.schedulers, state.get("schedulers") or [state["scheduler"]]):
-            scheduler.load_state_dict(saved)
-        self._stream.load_state_dict(state["data"])
-        self.step = int(state["step"])
-        self.epoch_clock.resumed(self, state["data"], state.get("epoch_offset"))
-        if self.best_checkpoint is not None:
-            self.best_checkpoint.load_state_dict(state.get("best"))
+        self.checkpointing.load_trainer_state(state)
 
     def checkpoint_meta(self):
         """What meta.json records beside the files."""
-        return dict(step=self.step, epoch=self.epoch, samples_seen=getattr(self._stream, "samples_seen", None),
-                    world_size=self.num_processes, distributed_type=self.distributed_type,
-                    mixed_precision=self.mixed_precision, ema=self.ema is not None, config=self.config.to_dict())
+        return self.checkpointing.meta()
 
     def abandon(self):
         if self.strategy is not None:
@@ -518,13 +326,6 @@ class Trainer(GigaTrainAttributes, Runner):
 
     def _finish(self):
         self.wait_for_checkpoint()
-        loss = getattr(self, "last_metrics", {}).get("total_loss")
-        where = self.checkpoints.latest()
-        if self.preempted:
-            log.info("preempted (%s) at step %d of %d: saved %s; rerun with train.resume=True to continue",
-                     self.preemption.signal_name or "a signal on another rank", self.step, self.max_steps, where)
-        else:
-            log.info("done at step %d%s; checkpoint: %s; TensorBoard: tensorboard --logdir %s", self.step,
-                     f", final loss {loss:.4f}" if loss is not None else "", where, self.logging_dir)
+        log_end(self, self.checkpoints.latest())
         self.strategy.close()
         return self
