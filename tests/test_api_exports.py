@@ -147,8 +147,7 @@ ABSENT = {'Launcher', 'Launcher.launch',  # launching is torch's elastic agent: 
 # call works, a keyword call `launch_from_config(config_path=...)` does not.
 # Trainer.load_state_dict's parameter is `state` (a keyword call `load_state_dict(state_dict=...)` fails).
 # ModuleDict.forward's first parameter is `name` (GigaTrain: `key`): self.model("lm", x) works in both.
-RENAMED = {'launch_from_config': {'config_path': 'config'}, 'Trainer.load_state_dict': {'state_dict': 'state'},
-           'ModuleDict.forward': {'key': 'name'}}
+RENAMED = {'ModuleDict.forward': {'key': 'name'}}
 # Gaps, not choices (each must still be one): GigaTrain's ModuleDict.load_state_dict takes **kwargs and a
 # `load_state_dict_mode='each'` attribute loads member by member; ours is torch's (strict, assign).
 GAPS = {'ModuleDict.load_state_dict': ['ModuleDict.load_state_dict: takes no **kwargs']}

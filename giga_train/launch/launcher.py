@@ -35,11 +35,12 @@ def started_by_a_launcher(world_size):
     return os.environ.get("SLURM_NTASKS", "") == str(world_size) and world_size > 1 and "SLURM_PROCID" in os.environ
 
 
-def launch_from_config(config, runners=None, gpu_memory=None, seconds=10, overrides=()):
-    """Run the runners of `config` (a path, module path or dict; `runners`: others, a list or a comma-separated
-    string, as GigaTrain's); `gpu_memory` (MB): first wait until each GPU of launch.gpu_ids has that much
-    free, checking every `seconds`. Returns the main rank's summary (the runner itself in one process)."""
-    cfg = load_config(config, overrides)
+def launch_from_config(config_path, runners=None, gpu_memory=None, seconds=10, overrides=()):
+    """Run the runners of `config_path` (GigaTrain's name: a path, module path or dict; `runners`: others, a
+    list or a comma-separated string, as GigaTrain's); `gpu_memory` (MB): first wait until each GPU of
+    launch.gpu_ids has that much free, checking every `seconds`. Returns the main rank's summary (the runner
+    itself in one process)."""
+    cfg = load_config(config_path, overrides)
     if runners is not None:
         cfg.runners = runners.split(",") if isinstance(runners, str) else list(runners)
     cfg = validate_config(cfg)  # the one validation of the launch: the ranks get this config as it is

@@ -3,6 +3,7 @@ section named by `SECTION`, given as keyword arguments, with the whole validated
 directly, `MyTrainer(config=a_dict)`; where the job runs; the properties a project reads; the logger."""
 import contextlib
 import logging
+from typing import Any
 import os
 
 import torch
@@ -24,7 +25,7 @@ class Runner:
     OWN_KEYWORDS = ()      # GigaTrain's named constructor arguments; other keys of the section -> self.kwargs
 
     @classmethod
-    def load(cls, config_or_path):
+    def load(cls, config_or_path) -> "Runner":
         """Build the runner from a config (a dict, a file, a module path, or a project folder holding the
         config.json a run saved) and prepare it, as GigaTrain's load does."""
         config = validated(load_config(config_or_path))
@@ -39,11 +40,11 @@ class Runner:
         return runner
 
     @classmethod
-    def check_config(cls, config):
+    def check_config(cls, config) -> None:
         """The runner's own rules for a validated config, asked by the schema before any rank starts (so
         `giga-train check` says them); raise a ConfigError. A project's subclass may add some."""
 
-    def abandon(self):
+    def abandon(self) -> None:
         """After an error: release what the runner opened (a process group, the engine's environment), so
         that this process can run another job."""
 
@@ -69,108 +70,108 @@ class Runner:
         self._dataloaders, self._models = [], []
         self.prepared = False  # set by prepare (and load)
 
-    def start_job(self):
+    def start_job(self) -> None:
         """Open the log and join the job's process group when it has several ranks: prepare calls it first."""
         self.logger  # noqa: B018  (opens it)
         if self.env.distributed:
             init_process_group(self.env, self.config.launch)
 
     @property
-    def logger(self):
+    def logger(self) -> logging.Logger:
         """The `giga_train` logger: the console and logging_dir/LOG_NAME on the main rank, silent elsewhere."""
         if self._logger is None:
             self._logger = text_logger(self._logging_dir, self.env.is_main, self.LOG_NAME)
         return self._logger
 
     @logger.setter
-    def logger(self, logger):
+    def logger(self, logger) -> None:
         self._logger = logger
 
-    def prepare_arguments(self, config):
+    def prepare_arguments(self, config) -> dict:
         raise NotImplementedError
 
-    def extra_options(self, options):
+    def extra_options(self, options) -> dict:
         """GigaTrain's self.kwargs: the keys of this runner's section that are not its constructor's."""
         raise NotImplementedError
 
     # -- where the job runs ---------------------------------------------------------------------
     @property
-    def project_dir(self):
+    def project_dir(self) -> str:
         return self._project_dir
 
     @property
-    def logging_dir(self):
+    def logging_dir(self) -> str:
         return self._logging_dir
 
     @property
-    def model_dir(self):
+    def model_dir(self) -> str:
         return os.path.join(self._project_dir, "models")
 
     @property
-    def distributed_type(self):
+    def distributed_type(self) -> str:
         return self.config.launch.distributed_type
 
     @property
-    def num_processes(self):
+    def num_processes(self) -> int:
         return self.env.world_size
 
     @property
-    def process_index(self):
+    def process_index(self) -> int:
         return self.env.rank
 
     @property
-    def local_process_index(self):
+    def local_process_index(self) -> int:
         return self.env.local_rank
 
     @property
-    def is_main_process(self):
+    def is_main_process(self) -> bool:
         return self.env.is_main
 
     @property
-    def is_local_main_process(self):
+    def is_local_main_process(self) -> bool:
         return self.env.local_rank == 0
 
     @property
-    def is_last_process(self):
+    def is_last_process(self) -> bool:
         return self.env.rank == self.env.world_size - 1
 
     @property
-    def device(self):
+    def device(self) -> torch.device:
         return self.env.device
 
     @property
-    def mixed_precision(self):
+    def mixed_precision(self) -> str:
         return self.options.get("mixed_precision") or "no"
 
     @property
-    def dtype(self):
+    def dtype(self) -> torch.dtype:
         """The autocast dtype (float32 without mixed precision)."""
         return AUTOCAST_DTYPES.get(self.mixed_precision) or torch.float32
 
     # -- what it holds --------------------------------------------------------------------------
     @property
-    def dataloaders(self):
+    def dataloaders(self) -> list:
         return self._dataloaders
 
     @property
-    def dataloader(self):
+    def dataloader(self) -> Any:
         return self._dataloaders[0]
 
     @property
-    def models(self):
+    def models(self) -> list:
         return self._models
 
     @property
-    def model(self):
+    def model(self) -> torch.nn.Module:
         return self._models[0]
 
     @property
-    def data_size(self):
+    def data_size(self) -> int | None:
         """Samples in the dataset; None for a stream without a length (an IterableDataset)."""
         dataset = self.dataloader.dataset
         return len(dataset) if hasattr(dataset, "__len__") else None
 
-    def get_checkpoint(self, checkpoint=None):
+    def get_checkpoint(self, checkpoint=None) -> str | list | None:
         """A checkpoint folder: `checkpoint` itself (a name starting with 'checkpoint' is looked up under
         model_dir; a list gives a list), or the newest complete one (None when there is none)."""
         if checkpoint is None:
@@ -187,7 +188,7 @@ class Runner:
         """A checkpoint given by name ('checkpoint_...': under model_dir) or by path."""
         return os.path.join(self.model_dir, checkpoint) if str(checkpoint).startswith("checkpoint") else str(checkpoint)
 
-    def print(self, msg, *args, **kwargs):
+    def print(self, msg, *args, **kwargs) -> None:
         """Log on the main process only."""
         if self.is_main_process:
             self.logger.info(msg, *args, **kwargs)

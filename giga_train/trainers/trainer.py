@@ -5,11 +5,18 @@ the engine (`strategy`), checkpointing.py, losses.py, nan_guard.py, stepping.py,
 building.py. The hooks, in the order they are called: docs/guide.md."""
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import nn
 
 from ..compat.utils import as_list
 from ..data import as_stream
 from ..distributed.preemption import PreemptionSignals
 from ..engine.attention import attention_backend
+from ..engine.step import StepResult
 from ..engine.meta_start import building_context, default_init_weights
 from ..optimizers.group import OptimizerGroup
 from ..schema.train import train_kwargs
@@ -52,7 +59,7 @@ class Trainer(GigaTrainAttributes, Runner):
     prepare_arguments = staticmethod(train_prepare_arguments)  # prepare()'s, from the config's sections
 
     # -- building (GigaTrain's prepare and its hooks) -------------------------------------------
-    def prepare(self, dataloaders, models, optimizers, schedulers):
+    def prepare(self, dataloaders, models, optimizers, schedulers) -> None:
         """The engine, then the building hooks in GigaTrain's order (docs/guide.md), then the parts."""
         self.start_job()
         self.strategy = build_strategy(self)
@@ -78,46 +85,47 @@ class Trainer(GigaTrainAttributes, Runner):
                                             shared=self.strategy.data_world_size != self.num_processes)
         self.prepared = True
 
-    def get_dataloaders(self, data_config):
+    def get_dataloaders(self, data_config) -> Iterator:
         """The training data: micro-batches on the device, resumable to the exact sample."""
         return train_stream(self, data_config)
 
-    def get_models(self, model_config):
+    def get_models(self, model_config) -> nn.Module:
         """Return an nn.Module, or a ModuleDict of several (called with `config.models`)."""
         raise NotImplementedError(f"{type(self).__name__} must define get_models(self, model_config)")
 
-    def init_weights(self, model):
+    def init_weights(self, model) -> None:
         """Fill a model get_models built on the meta device, once sharded (docs/guide.md, "Large models")."""
         default_init_weights(model)
 
-    def set_ema_models(self):
+    def set_ema_models(self) -> None:
         """With train.with_ema: the moving average of the trainable weights (sharded as the model is), with
         GigaTrain's decay warm-up, min((1 + s) / (10 + s), ema_decay): the first update copies the weights."""
         if self.train_config.with_ema:
-            self.ema = EMA(self.unwrapped_model, self.train_config.ema_decay, warmup=True, dtypes=getattr(self, "_built_dtypes", None))
+            self.ema = EMA(self.unwrapped_model, self.train_config.ema_decay, warmup=True,
+                           dtypes=getattr(self, "_built_dtypes", None))
 
-    def apply_activation_checkpointing(self, models=None):
+    def apply_activation_checkpointing(self, models=None) -> None:
         checkpoint_blocks(self, models or self.models)
 
-    def apply_fp8(self, models=None):
+    def apply_fp8(self, models=None) -> None:
         float8_linears(self, models or self.models)
 
-    def get_trainable_parameters(self, model):
+    def get_trainable_parameters(self, model) -> list:
         """The parameters the optimizer updates (default: those with requires_grad)."""
         return [p for p in model.parameters() if p.requires_grad]
 
-    def get_optimizers(self, optimizers):
+    def get_optimizers(self, optimizers) -> list:
         """One optimizer over all models, or one per model (GigaTrain's rule), from config dicts."""
         return build_optimizers(optimizers, self.models, self.get_trainable_parameters)
 
-    def get_schedulers(self, schedulers):
+    def get_schedulers(self, schedulers) -> list:
         """One scheduler per optimizer (one config serves all), from config dicts."""
         return build_schedulers(schedulers, self.optimizers, epoch_size=self.epoch_size, max_epochs=self.max_epochs,
                                 max_steps=self.max_steps)
 
     # -- GigaTrain's properties, and ours (unwrapped_model, sync_gradients, data_rank_and_world, epoch) -------
     @property
-    def mixed_precision(self):  # as GigaTrain's Trainer: None without mixed precision
+    def mixed_precision(self) -> str | None:  # as GigaTrain's Trainer: None without mixed precision
         mode = self.options.get("mixed_precision")
         return None if mode in (None, "no") else mode
 
@@ -137,31 +145,31 @@ class Trainer(GigaTrainAttributes, Runner):
     epoch = property(lambda self: self._stream.epoch)  # the epoch the data stream is in (0-based)
 
     @property
-    def batch_size(self):  # samples per optimizer step, all ranks together
+    def batch_size(self) -> int:  # samples per optimizer step, all ranks together
         return samples_per_step(self.dataloader, self.data_rank_and_world[1], self.gradient_accumulation_steps,
                                 self.train_config.get("data_parallel_size") or 1)
 
     @property
-    def data_rank_and_world(self):  # (data-parallel rank, data-parallel ranks); without an engine the process's
+    def data_rank_and_world(self) -> tuple[int, int]:  # (data-parallel rank, data-parallel ranks); without an engine the process's
         strategy = getattr(self, "strategy", None)
         return (strategy.data_rank, strategy.data_world_size) if strategy else (self.process_index, self.num_processes)
 
     @property
-    def epoch_size(self):  # optimizer steps per epoch (an IterableDataset's run: one epoch of max_steps)
+    def epoch_size(self) -> int:  # optimizer steps per epoch (an IterableDataset's run: one epoch of max_steps)
         return steps_per_epoch(self.dataloader, self.gradient_accumulation_steps, self.train_config.max_steps)
 
     @property
-    def max_epochs(self):
+    def max_epochs(self) -> int:
         max_epochs = self.train_config.max_epochs or 0
         return max_epochs if max_epochs > 0 else int(math.ceil(self.max_steps / self.epoch_size))
 
     @property
-    def max_steps(self):
+    def max_steps(self) -> int:
         steps, train = self.train_config.max_steps or 0, self.train_config
         return steps if steps > 0 else max_steps_by_epochs(train.max_epochs, self.epoch_size, self.epoch_clock)
 
     # -- the loop -------------------------------------------------------------------------------
-    def train(self):
+    def train(self) -> "Trainer":
         if not self.prepared:  # built directly: prepare from the config's sections
             self.prepare(**self.prepare_arguments(self.config))
         if self.step >= self.max_steps:
@@ -198,7 +206,7 @@ class Trainer(GigaTrainAttributes, Runner):
         self.print_after_train()
         return self._finish()
 
-    def train_step(self):
+    def train_step(self) -> StepResult:
         """One optimizer step: forward_step, parse_losses, backward_step per micro-batch; its StepResult."""
         self._stepping = True
         self.losses_book.start_step()
@@ -213,19 +221,19 @@ class Trainer(GigaTrainAttributes, Runner):
             self._stepping = False
         return self._last_result
 
-    def forward_step(self, batch_dict):
+    def forward_step(self, batch_dict) -> Any:
         """Return a loss tensor (per-sample losses are averaged), or a dict of named losses."""
         return self.model(batch_dict)
 
-    def validation_step(self, batch_dict):
+    def validation_step(self, batch_dict) -> Any:
         """One batch of dataloaders.val: a tensor (val/loss), a dict (val/<name>) or None; default forward_step."""
         return self.forward_step(batch_dict)
 
-    def parse_losses(self, losses):
+    def parse_losses(self, losses) -> torch.Tensor:
         """The loss to train from forward_step's output: each entry's mean, summed; each logged (LossBook)."""
         return self.losses_book.parse(losses)
 
-    def backward_step(self, loss):
+    def backward_step(self, loss) -> None:
         """Backward of one micro-batch; the last of a step clips and steps the optimizers, schedulers and EMA."""
         accumulation = self.gradient_accumulation_steps
         self.strategy.backward(loss / accumulation)
@@ -234,31 +242,31 @@ class Trainer(GigaTrainAttributes, Runner):
             self._last_result = optimizer_step(self, self._step_loss)
 
     # -- metrics that are not trained, validation, the log (the evaluation part and the run's log do the work) --
-    def log_metric(self, name, value):
+    def log_metric(self, name, value) -> None:
         """Log a scalar that is not trained, anywhere in a step (inside validation_step: val/<name>)."""
         self.evaluation.add(name, value)
 
-    def log_metrics(self, values):
+    def log_metrics(self, values) -> None:
         for name, value in values.items():
             self.log_metric(name, value)
 
-    def metrics_into(self, sums):
+    def metrics_into(self, sums) -> AbstractContextManager:
         """A context: while inside, log_metric adds to `sums` (a MetricSums) instead of the training log's."""
         return self.evaluation.into(sums)
 
-    def validate(self):
+    def validate(self) -> dict:
         """validation_step over dataloaders.val; {'val/<name>': float}, the same on every rank (a collective)."""
         return self.evaluation.validate(self)
 
-    def validate_if_due(self):
+    def validate_if_due(self) -> None:
         """After every step: validate every train.eval_interval steps and at the last (train.checkpoint_best)."""
         if self.evaluation.due(self.step, self.train_config.eval_interval, self.max_steps):
             self.checkpointing.validated(self.step, self.evaluation.keep(self.validate()))
 
-    def print_before_train(self):  # the model's size, the ranks and batches, where things go; the clock starts
+    def print_before_train(self) -> None:  # the model's size, the ranks and batches, where things go; the clock starts
         self.run_log.before_train(self)
 
-    def print_step(self):
+    def print_step(self) -> None:
         """Every log_interval steps, at the last and after a validation: the step's line (the loop's one wait)."""
         validated = self.evaluation.take_results()
         if self.step % self.train_config.log_interval and self.step != self.max_steps and validated is None:
@@ -269,58 +277,58 @@ class Trainer(GigaTrainAttributes, Runner):
             self.scheduler.get_last_lr()[0], self.nan_guard.take_window(),
             self.evaluation.logged.average(cpu_group=self.env.cpu_group), validated or {})
 
-    def print_after_train(self):
+    def print_after_train(self) -> None:
         self.run_log.after_train(self)
 
     # -- checkpoints (GigaTrain's hooks; the checkpointing part does the work) ----------------------
-    def save_checkpoint_step(self):
+    def save_checkpoint_step(self) -> None:
         """After every step: save when train.checkpoint_interval says, at the last step, or at a new best."""
         if self.checkpointing.due():
             self.save_checkpoint()
 
-    def save_checkpoint(self):
+    def save_checkpoint(self) -> None:
         """Write a checkpoint of this step; the NaN guard settles first, so a stop comes before anything is written."""
         self.checkpointing.save()
 
-    def wait_for_checkpoint(self, raise_errors=True):
+    def wait_for_checkpoint(self, raise_errors=True) -> None:
         """Return once no checkpoint is being written in the background (train.checkpoint_async)."""
         self.checkpoints.wait(raise_errors)
 
-    def resume(self, checkpoint=None):
+    def resume(self, checkpoint=None) -> None:
         """Continue from `checkpoint` (a folder, or its name under model_dir; None: the newest), ours or GigaTrain's."""
         self.checkpointing.resume(None if checkpoint is None else self._checkpoint_path(checkpoint))
 
-    def resume_gigatrain(self, folder):
+    def resume_gigatrain(self, folder) -> None:
         """Continue a run of the real GigaTrain 1.1 from its checkpoint `folder`."""
         self.checkpointing.resume_gigatrain(folder)
 
-    def load_checkpoint(self, checkpoint, models, strict=True):
+    def load_checkpoint(self, checkpoint, models, strict=True) -> None:
         """Load model folders of `checkpoint` (get_checkpoint's forms) into `models`, by the class each names."""
         if checkpoint is not None:
             load_model_folders(self.get_checkpoint(checkpoint), models, strict, say=self.print)
 
-    def remove_checkpoint(self, total_limit=None):
+    def remove_checkpoint(self, total_limit=None) -> None:
         """The rolling limit (train.checkpoint_total_limit, or `total_limit`) on model_dir, main process."""
         if self.is_main_process:
             self.checkpoints.clean_up(total_limit)
 
-    def save_config(self, config):
+    def save_config(self, config) -> None:
         """The run's config as project_dir/config.json (main process), which load_config(project_dir) reads."""
         if self.is_main_process:
             write_config(config, self.project_dir)
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         """The trainer's own state in a checkpoint (training_state.pt)."""
         return self.checkpointing.trainer_state()
 
-    def load_state_dict(self, state):
-        self.checkpointing.load_trainer_state(state)
+    def load_state_dict(self, state_dict) -> None:
+        self.checkpointing.load_trainer_state(state_dict)
 
-    def checkpoint_meta(self):
+    def checkpoint_meta(self) -> dict:
         """What meta.json records beside the files."""
         return self.checkpointing.meta()
 
-    def abandon(self):
+    def abandon(self) -> None:
         if self.strategy is not None:
             self.strategy.close()
 
