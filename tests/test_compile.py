@@ -99,9 +99,13 @@ def test_inductor_compiles_without_mix_order_reduction(monkeypatch):
     compile_model(model, {"backend": "aot_eager"})
     assert "options" not in seen[0]
     seen.clear()
-    monkeypatch.setattr(inductor_config.triton, "mix_order_reduction", True)
-    compile_model(model, {"mode": "max-autotune-no-cudagraphs"})
-    assert "options" not in seen[0] and inductor_config.triton.mix_order_reduction is False
+    saved = inductor_config.triton.mix_order_reduction  # set and restored by hand: a monkeypatch undo hides it
+    try:
+        inductor_config.triton.mix_order_reduction = True
+        compile_model(model, {"mode": "max-autotune-no-cudagraphs"})
+        assert "options" not in seen[0] and inductor_config.triton.mix_order_reduction is False
+    finally:
+        inductor_config.triton.mix_order_reduction = saved
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor's mix-order reduction runs on CUDA")

@@ -1,5 +1,6 @@
 """No code runs from a checkpoint file: a crafted pickle in DCP's `.metadata` or in any of DeepSpeed's
 state files is refused with one line naming the file, and what it would have run never runs."""
+import json
 import os
 import re
 import shutil
@@ -62,6 +63,7 @@ def test_crafted_dcp_metadata_is_refused_at_resume_and_convert(checkpoint, tmp_p
     shutil.copytree(checkpoint, folder)
     metadata, marker = folder / "optimizer_dcp" / ".metadata", str(tmp_path / "pwned")
     plain_pickle(metadata, marker)
+    record_checksums(folder)  # as a forger would: checksums guard against accidents, the allow-list against code
     refused(lambda: load_metadata(str(metadata)), metadata, marker)
     refused(lambda: full_state.read_dcp(str(folder)), metadata, marker)  # the cross-strategy resume path
 
@@ -138,3 +140,11 @@ def test_real_deepspeed_classes_are_allowed(tmp_path):
     back = torch_load(str(tmp_path / "f.pt"))
     assert back["zero_stage"] == ZeroStageEnum.gradients and back["loss_scaler"].cur_scale == 1.0
     assert back["param_slice_mappings"]["w"].numel == 4 and back["args"].a == 1
+
+
+def record_checksums(folder):
+    """meta.json's recorded checksums rewritten for the folder's files as they are now."""
+    from giga_train.checkpoint.checksums import folder_checksums
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["files"] = folder_checksums(str(folder))
+    (folder / "meta.json").write_text(json.dumps(meta))

@@ -30,6 +30,6 @@ def prepare_dry_run(cfg):
 
 
 def dry_run_line(runner, steps):
-    validator = getattr(runner, "validator", None)
+    validator = getattr(getattr(runner, "evaluation", None), "validator", None)
     validated = f" and a validation of at most {validator.max_batches} batches" if validator is not None else ""
     return f"dry run: ok, {steps} training steps{validated}; no checkpoint, no tracker, no config.json written"

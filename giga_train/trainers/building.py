@@ -1,9 +1,7 @@
 """The Trainer's constructor keywords, what its building hooks do by default (get_models' one module,
 get_optimizers, get_schedulers), as functions of what they are given, the seeding of every rank, and the
 engine and parts its prepare builds."""
-import random
 
-import numpy as np
 import torch
 
 from ..checkpoint.checkpointer import Checkpointer
@@ -20,6 +18,7 @@ from ..schedulers import SCHEDULERS
 from .activation_budget import checkpointed_class_names
 from .checkpointing import TrainerCheckpoints
 from .nan_guard import NanGuard, SchedulerRewind
+from .random_streams import seed_everything  # noqa: F401  (the Trainer seeds through it)
 
 # GigaTrain's named Trainer arguments; every other key of the `train` section is in self.kwargs.
 TRAINER_KEYWORDS = (
@@ -42,12 +41,6 @@ def allow_tf32(train):
     """train.allow_tf32 (default True) on a GPU: TF32 matmuls and convolutions."""
     if train.get("allow_tf32", True) and torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-
-
-def seed_everything(seed):
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def the_one_model(models):

@@ -20,14 +20,19 @@ def capture():
     return random.getstate(), np.random.get_state(), torch.get_rng_state()
 
 
-def continue_after_build(state, seed, rank, shared=False):
-    """At the end of prepare: data rank 0 back to `state` (captured right after get_models), others reseeded.
-    `shared`: several processes share a data rank (sequence parallelism, not in GigaTrain): all of them are
-    reseeded seed + rank, so that they draw the same noise (their get_models may have drawn differently: one
-    built the weights, the others on the meta device)."""
-    if rank or shared:
+def continue_after_build(state, seed, rank, group=None):
+    """At the end of prepare: data rank 0 back to `state` (captured right after get_models), others reseeded
+    seed + rank. `group`: the processes that share this data rank (a sequence-parallel group, not in
+    GigaTrain), which must draw the same noise: data rank 0's take the state of the group's first process
+    (their get_models may have drawn differently: one built the weights, the others on the meta device)."""
+    if rank:
         seed_everything(seed + rank)
         return
+    if group is not None:
+        import torch.distributed as dist
+        box = [state]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+        state = box[0]
     random.setstate(state[0])
     np.random.set_state(state[1])
     torch.set_rng_state(state[2])

@@ -16,6 +16,7 @@ from ..compat.utils import as_list
 from ..data import as_stream
 from ..distributed.preemption import PreemptionSignals
 from ..engine.attention import attention_backend
+from ..engine.sequence_parallel import sequence_group
 from ..engine.step import StepResult
 from ..engine.meta_start import building_context, default_init_weights
 from ..optimizers.group import OptimizerGroup
@@ -82,7 +83,7 @@ class Trainer(GigaTrainAttributes, Runner):
         self.evaluation.prepare(self)
         # data ranks differ from here (dropout, noise); data rank 0 goes on with GigaTrain's stream
         random_streams.continue_after_build(self._built_rng, self.train_config.seed, self.strategy.data_rank,
-                                            shared=self.strategy.data_world_size != self.num_processes)
+                                            group=sequence_group())
         self.prepared = True
 
     def get_dataloaders(self, data_config) -> Iterator:
