@@ -16,7 +16,7 @@ SAMPLE_FPS = 8  # of a video sample_step returns (log_video inside sample_step f
 
 
 def log_media(trainer, kind, name, data, fps=None, step=None):
-    """`kind` 'image' or 'video'; at `step` (None: the optimizer steps done), on the main rank only."""
+    """`kind` 'image' or 'video'; at `step` (None: cur_step, the step being computed or the last done), main rank only."""
     if not isinstance(name, str):
         raise TypeError(f"log_{kind}: the name must be a string, got {name!r}")
     if not trainer.is_main_process:
@@ -28,7 +28,7 @@ def log_media(trainer, kind, name, data, fps=None, step=None):
             trainer._media_warned = True
         return
     array = as_image(data, f"log_{kind}({name!r})") if kind == "image" else as_video(data, f"log_video({name!r})")
-    run_log.metrics.log_media(trainer.step if step is None else step, name, kind, array, fps or SAMPLE_FPS)
+    run_log.metrics.log_media(trainer.cur_step if step is None else step, name, kind, array, fps or SAMPLE_FPS)
 
 
 def uses_sampling(trainer):
