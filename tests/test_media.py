@@ -128,8 +128,11 @@ def test_sample_step_runs_at_each_validation_and_leaves_training_as_it_was(run):
     assert trainer.sample_calls == 2 and trainer.model.training
 
 
-def test_rank0_only_media_at_two_ranks_do_not_hang_and_every_rank_calls_write_once(tmp_path):
-    cfg = eval_job(tmp_path, "DDP", ranks=2, runner="tests.test_media.MediaTrainer", log_with="jsonl")
+def test_rank0_only_media_at_two_fsdp2_ranks_do_not_hang_and_every_rank_calls_write_once(tmp_path):
+    """FSDP2 gathers the weights in each forward: sample_step's forward runs on both ranks, on the EMA weights."""
+    cfg = eval_job(tmp_path, "FSDP", ranks=2, runner="tests.test_media.MediaTrainer", log_with="jsonl",
+                   launch=dict(fsdp_config=dict(fsdp_version=2, fsdp_transformer_layer_cls_to_wrap="Block")),
+                   with_ema=True, eval_ema=True)
     launch_from_config(cfg)
     lines = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     names = [k for line in lines for k, v in line.items() if isinstance(v, dict) and "path" in v]
