@@ -154,3 +154,41 @@ def test_ema_weights_swaps_the_average_in_and_the_trained_weights_back(tmp_path)
     with ema_weights(None):  # without EMA: nothing changes
         pass
 
+
+
+def test_the_accepted_forms_give_the_same_pixels_and_a_bad_shape_one_line():
+    from giga_train.tracking.media import as_image, as_video
+    for form in (PICTURE, PICTURE.permute(1, 2, 0), PICTURE.numpy(), PICTURE_HWC, Image.fromarray(PICTURE_HWC),
+                 torch.from_numpy(PICTURE_HWC).permute(2, 0, 1)):
+        np.testing.assert_array_equal(as_image(form), PICTURE_HWC)
+    assert as_image(torch.zeros(4, 5)).shape == (4, 5, 1)  # grey
+    np.testing.assert_array_equal(as_video(CLIP), as_video(CLIP.permute(0, 2, 3, 1)))
+    np.testing.assert_array_equal(as_video(list(CLIP)), CLIP_UINT8)
+    with pytest.raises(ValueError, match=r"log_image: no channel dimension of 1, 3 or 4 in shape \(5, 6, 7\)"):
+        as_image(torch.zeros(5, 6, 7))
+    with pytest.raises(ValueError, match=r"log_video: expected frames of 4 dimensions"):
+        as_video(torch.zeros(3, 4, 5))
+
+
+def test_a_tracker_failing_on_media_is_turned_off_with_one_line():
+    import logging
+    from giga_train.tracking.base import Tracker
+    from giga_train.tracking.guarded import GuardedTracker
+
+    class FullDisk(Tracker):
+        def log_media(self, step, name, kind, data, fps=None):
+            raise OSError("No space left on device")
+    class Lines(logging.Handler):
+        lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+    guarded, handler, logger = GuardedTracker("jsonl", FullDisk), Lines(), logging.getLogger("giga_train")
+    logger.addHandler(handler)
+    try:
+        guarded.log_media(3, "val/x", "image", PICTURE_HWC)
+        guarded.log_media(4, "val/x", "image", PICTURE_HWC)
+    finally:
+        logger.removeHandler(handler)
+    assert not guarded.on and len(Lines.lines) == 1
+    assert "failed logging image 'val/x' at step 3 (OSError: No space left on device)" in Lines.lines[0]
