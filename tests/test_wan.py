@@ -229,3 +229,31 @@ def test_5b_architecture_has_five_billion_parameters():
         model = WanTransformer3DModel(**WAN22_TI2V_5B)
     assert sum(p.numel() for p in model.parameters()) == 4_999_787_712
     assert len(model.blocks) == 30 and model.blocks[0].attn1.heads == 24
+
+
+# -- samples at validation ------------------------------------------------------------------------------
+@pytest.mark.parametrize("with_vae", [False, True])
+def test_validation_logs_a_generated_clip(tmp_path, with_vae):
+    """sample_step: 2 Euler steps of the tiny transformer, decoded by a tiny local VAE (9 frames of 128x128
+    from 3x8x8 latents) or shown as the latents' first channels (3 frames of 8x8), as a GIF in the JSONL run."""
+    import json
+    from PIL import Image
+    data = tmp_path / "data"
+    assert build_dataset.main(["--synthetic", "4", "--out", str(data), "--latent-shape", "4,3,8,8",
+                               "--text-shape", "16,32"]) == 0
+    more = []
+    if with_vae:
+        save_tiny_wan_encoders(tmp_path / "wan")
+        more = ["--set", f"models.vae='{tmp_path / 'wan'}'"]
+    val = {"data_or_config": {"_class_name": "WanLatentDataset", "root": str(data), "text_len": 16}, "batch_size_per_gpu": 2}
+    rc = cli(["train", TINY, "--set", f"project_dir={tmp_path}/p", "--set", f"dataloaders.train.data_or_config.root={data}",
+              "--set", f"dataloaders.val={val}", "--set", "train.eval_interval=2", "--set", "train.max_steps=2",
+              "--set", "models.sample_steps=2", "--set", "train.log_with='jsonl'", "--set", "train.progress_bar=False",
+              "--set", "train.activation_checkpointing=False", *more])
+    assert rc == 0
+    lines = [json.loads(line) for line in (tmp_path / "p/logs/metrics.jsonl").read_text().splitlines()]
+    [clip] = [line["samples/clip"] for line in lines if "samples/clip" in line]
+    frames, height, width = (9, 128, 128) if with_vae else (3, 8, 8)
+    assert clip["type"] == "video" and clip["shape"] == [frames, height, width, 3]
+    gif = Image.open(tmp_path / "p/logs" / clip["path"])
+    assert gif.size == (width, height) and gif.n_frames <= frames

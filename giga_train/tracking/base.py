@@ -19,5 +19,8 @@ class Tracker:
     def log(self, step, scalars):
         """`scalars`: name -> float, already reduced over ranks."""
 
+    def log_media(self, step, name, kind, data, fps=None):
+        """`kind` 'image' (`data` uint8 H,W,C) or 'video' (uint8 T,H,W,C at `fps`), from the main rank."""
+
     def close(self):
         pass

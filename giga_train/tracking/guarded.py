@@ -24,6 +24,10 @@ class GuardedTracker(Tracker):
         if self.tracker is not None:
             self._call(f"at step {step}", self.tracker.log, step, scalars)
 
+    def log_media(self, step, name, kind, data, fps=None):
+        if self.tracker is not None:
+            self._call(f"logging {kind} {name!r} at step {step}", self.tracker.log_media, step, name, kind, data, fps)
+
     def close(self):
         if self.tracker is not None:
             tracker, self.tracker = self.tracker, None

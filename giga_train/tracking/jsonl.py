@@ -1,24 +1,35 @@
 """A plain file, one JSON object a line: {"step": 0, "config": ..., "hparams": ...} first, then
-{"step": s, <scalar>: value, ...} every log step. Read it with pandas.read_json(path, lines=True)."""
+{"step": s, <scalar>: value, ...} every log step; an image or video as its own line
+{"step": s, <name>: {"type": "image", "path": "media/<name>_<step>.png", ...}} (videos: GIF). Read it with pandas.read_json(path, lines=True)."""
 import json
 import math
 import os
 
 from .base import Tracker
+from .media import file_stem, gif_bytes, png_bytes
 
-FILE_NAME = "metrics.jsonl"
+FILE_NAME, MEDIA_DIR = "metrics.jsonl", "media"
 
 
 class JsonlTracker(Tracker):
     def __init__(self, log_dir, start_step, config, hparams):
         os.makedirs(log_dir, exist_ok=True)
-        self.path = os.path.join(log_dir, FILE_NAME)
+        self.log_dir, self.path = log_dir, os.path.join(log_dir, FILE_NAME)
         _keep_until(self.path, start_step)
         self.file = open(self.path, "a")
         self._write({"step": start_step, "config": config, "hparams": hparams})
 
     def log(self, step, scalars):
         self._write({"step": step, **{k: _json_number(v) for k, v in scalars.items()}})
+
+    def log_media(self, step, name, kind, data, fps=None):
+        """The file under media/ (PNG for an image, GIF for a video), the line naming it, relative to the log."""
+        os.makedirs(os.path.join(self.log_dir, MEDIA_DIR), exist_ok=True)
+        relative = os.path.join(MEDIA_DIR, file_stem(name, step) + (".png" if kind == "image" else ".gif"))
+        with open(os.path.join(self.log_dir, relative), "wb") as f:
+            f.write(png_bytes(data) if kind == "image" else gif_bytes(data, fps))
+        media = {"type": kind, "path": relative, "shape": list(data.shape), **({"fps": fps} if kind == "video" else {})}
+        self._write({"step": step, name: media})
 
     def _write(self, record):
         self.file.write(json.dumps(record) + "\n")

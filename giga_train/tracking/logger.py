@@ -72,6 +72,12 @@ class MetricLogger:
             self.bar.set_postfix(bar_postfix(scalars), refresh=True)
         return scalars
 
+    def log_media(self, step, name, kind, data, fps=None):
+        """An image or video (media.py's uint8 arrays) to every tracker; the main rank's call writes, others none."""
+        if self.is_main:
+            for tracker in self.trackers:
+                tracker.log_media(step, name, kind, data, fps)
+
     def advance(self, step):
         if self.bar is not None:
             self.bar.update(step - self.bar.n)

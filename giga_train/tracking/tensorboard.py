@@ -1,8 +1,10 @@
-"""TensorBoard: scalars under train/, the resolved config as text and its hyper-parameters (HParams tab)."""
+"""TensorBoard: scalars under train/, the resolved config as text and its hyper-parameters (HParams tab);
+images (IMAGES tab) and videos (as animated GIF images, as torch's add_video writes them) under their own tag."""
 import json
 
 from .base import Tracker, tag, tag_group
 from .guarded import quiet_thread_errors
+from .media import gif_bytes
 
 
 class TensorBoardTracker(Tracker):
@@ -26,6 +28,17 @@ class TensorBoardTracker(Tracker):
     def log(self, step, scalars):
         for name, value in scalars.items():
             self.writer.add_scalar(tag(name, self.group), value, step)
+
+    def log_media(self, step, name, kind, data, fps=None):
+        if kind == "image":
+            self.writer.add_image(name, data, step, dataformats="HWC")
+            return
+        # torch's add_video needs moviepy; its summary is a GIF image, which TensorBoard animates: the same here
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        frames, height, width, channels = data.shape
+        image = Summary.Image(height=height, width=width, colorspace=min(channels, 3),
+                              encoded_image_string=gif_bytes(data, fps))
+        self.writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=name, image=image)]), step)
 
     def close(self):
         self.writer.flush()

@@ -1,11 +1,12 @@
 """The Trainer's evaluation part: the scalars log_metric adds (summed on the device, averaged at the next
 log line), the validation during training (train.eval_interval over dataloaders.val, by the Validator) and
-its results, waiting for the log line of their step. The Trainer's log_metric, metrics_into, validate and
+its results, waiting for the log line of their step; then the sampling hook (media.py). The Trainer's log_metric, metrics_into, validate and
 validate_if_due delegate here."""
 import contextlib
 
 from ..errors import ConfigError
 from ..tracking.metrics import MetricSums
+from .media import sample
 from .validation import Validator
 
 
@@ -41,7 +42,9 @@ class Evaluation:
     def validate(self, trainer):
         if self.validator is None:
             raise ConfigError("validate(): set train.eval_interval and dataloaders.val")
-        return self.validator.run(trainer, on_ema=trainer.train_config.eval_ema)
+        results = self.validator.run(trainer, on_ema=trainer.train_config.eval_ema)
+        sample(trainer, self.validator, on_ema=trainer.train_config.eval_ema)  # the hook's media, when defined
+        return results
 
     def due(self, step, every, last_step):
         """Whether step `step` validates: every `every` steps and at the last."""
