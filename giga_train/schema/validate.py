@@ -107,7 +107,7 @@ def validate_config(cfg, runners=None):
     val = cfg.dataloaders.get("val")
     if cfg.train.eval_interval and val is not None and val.get("data_or_config") is None:
         raise ConfigError("train.eval_interval: set dataloaders.val.data_or_config too (the data to validate on)")
-    for key in ("checkpoint_best", "eval_ema"):
+    for key in ("checkpoint_best", "early_stopping", "eval_ema"):
         if cfg.train[key] and val is None:
             raise ConfigError(f"train.{key}: set dataloaders.val too (the data to validate on)")
     train_data = (cfg.dataloaders.get("train") or {}).get("data_or_config")

@@ -167,6 +167,8 @@ class Trainer(GigaTrainAttributes, Runner):
         if self.step >= self.max_steps:
             log.info("already at step %d of %d: nothing to train", self.step, self.max_steps)
             return self._finish()
+        if self.checkpointing.stopped_early():  # resumed the stop of an early-stopped run (said so: early_stopping.py)
+            return self._finish()
         self.run_log = RunLog(self)
         self.run_log.perf.use_flops_per_sample(model_flops_per_sample(self))
         self.print_before_train()
@@ -185,6 +187,8 @@ class Trainer(GigaTrainAttributes, Runner):
                     self.validate_if_due()
                     self.print_step()
                     self.save_checkpoint_step()
+                    if self.checkpointing.stopped_early():  # train.early_stopping: this step's checkpoint saved
+                        break
                     if self.nan_guard.agreed_preemption(self.preemption, self.env, self.step):
                         self.preempted = True
                         break
