@@ -179,6 +179,9 @@ def _dotted(runner):
 
 
 def _check_precision_device(cfg):
+    if cfg.train.loss_normalization == "tokens" and cfg.launch.distributed_type == "DEEPSPEED":
+        raise ConfigError("train.loss_normalization: 'tokens' is not supported under DEEPSPEED (its engine holds the"
+                          " gradients); use FSDP or DDP, or 'mean'")
     if cfg.train.mixed_precision == "fp16" and not cfg.launch.gpu_ids and cfg.launch.distributed_type != "NO":
         raise ConfigError(f"train.mixed_precision: 'fp16' needs GPUs under {cfg.launch.distributed_type}"
                           " (gloo on CPU has no fp16 path); use 'bf16' or 'no' on CPU")
