@@ -13,8 +13,13 @@ from tests.distributed import assert_same_weights, job  # noqa: E402
 from tests.tiny_lora import write_base  # noqa: E402
 
 
+FSDP2 = dict(fsdp_config=dict(fsdp_version=2, fsdp_transformer_layer_cls_to_wrap="Block"))
+LAUNCH = dict(FSDP=FSDP2)
+
+
 def lora_job(project, distributed_type="NO", ranks=1, **train):
-    cfg = job(project, distributed_type, ranks, **dict(dict(max_steps=4, checkpoint_interval=2), **train))
+    cfg = job(project, distributed_type, ranks, launch=LAUNCH.get(distributed_type),
+              **dict(dict(max_steps=4, checkpoint_interval=2), **train))
     cfg["runners"] = ["tests.tiny_lora.LoraTrainer"]
     return cfg
 
@@ -23,7 +28,7 @@ def folder_bytes(path):
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
-@pytest.mark.parametrize("kind, ranks", [("NO", 1), ("DDP", 2)])
+@pytest.mark.parametrize("kind, ranks", [("NO", 1), ("DDP", 2), ("FSDP", 2)], ids=["NO", "DDP", "FSDP2"])
 def test_adapter_checkpoints_are_small_and_resume_exactly(tmp_path, monkeypatch, kind, ranks):
     monkeypatch.setenv("GT_LORA_BASE", str(tmp_path / "base.pt"))
     write_base(tmp_path / "base.pt")
