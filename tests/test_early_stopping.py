@@ -33,6 +33,15 @@ def test_stops_at_the_patience_keeps_its_checkpoint_and_resumes_stopped(tmp_path
     assert [s for s, _ in list_checkpoints(models)] == [8, 14]  # the stop's checkpoint outlives the limit of 1
 
 
+def test_every_rank_stops_at_the_same_step_under_ddp(tmp_path, monkeypatch):
+    monkeypatch.setenv("GT_SCORES", "2:3,4:1,6:2,8:5,10:1.5,12:0.5")
+    cfg = eval_job(tmp_path, "DDP", 2, runner="tests.tiny_eval.ScriptedScoreTrainer", max_steps=12,
+                   checkpoint_interval=3, early_stopping=dict(metric="val/score", patience=2))
+    launch_from_config(cfg)  # a rank going on alone would hang in the next step's collectives
+    assert [s for s, _ in list_checkpoints(str(tmp_path / "models"))] == [3, 6, 8]
+    assert "early stopping at step 8" in (tmp_path / "logs" / "train.log").read_text()
+
+
 @pytest.mark.parametrize("stopping, message", [
     (dict(metric="loss"), "train.early_stopping: metric: name a validation result"),
     (dict(metric="val/loss", patience=0), "train.early_stopping: patience: validations without improvement"),
