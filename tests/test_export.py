@@ -126,6 +126,8 @@ def test_export_peft_adapter_only_and_merged(tmp_path):
     torch.manual_seed(1)
     llama(LLAMA).save_pretrained(base_dir)
     trainer, checkpoint = run(tmp_path, "LoraTrainer", models=dict(base=base_dir))
+    # the checkpoint holds the adapter only (the base is get_models'): export rebuilds the base from its folder
+    assert sorted(os.listdir(os.path.join(checkpoint, "model"))) == ["adapter_config.json", "adapter_model.safetensors"]
     out = str(tmp_path / "adapter")
     assert main(["export", checkpoint, "--to", "hf", "--out", out, "--merged"]) == 0
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(out))

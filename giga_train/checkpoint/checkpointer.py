@@ -20,6 +20,7 @@ from ..errors import TrainingStopped
 from .async_writer import AsyncWriter
 from .formats.model_layout import (EMA_SUFFIX, SHARDS_KEY, is_sharded, layout_meta, read_weights, shards_folder, write_live,
                      write_model_folders, write_shards)
+from .formats.adapters import check_adapter_fit
 from .manager import CheckpointManager, disk_error, free_bytes, read_meta
 from .formats.full_state import deepspeed_meta, read_dcp, read_deepspeed
 from .safe_unpickle import load_dcp
@@ -212,7 +213,10 @@ class Checkpointer:
         if is_sharded(meta):
             strategy.load_model_shards(shards_folder(path), self.strict)
         else:
-            strategy.load_model_state(read_weights(path, meta), self.strict)
+            state = read_weights(path, meta)
+            if (meta.get("layout") or {}).get("adapters"):  # PEFT adapters only: the base is get_models'
+                check_adapter_fit(strategy.unwrap(), state, path)
+            strategy.load_model_state(state, self.strict and not (meta.get("layout") or {}).get("adapters"))
         if not any(os.path.exists(os.path.join(path, name)) for name in ENGINE_STATE):
             log.warning("resume: %s holds no optimizer state (train.checkpoint_save_optimizer=False dropped it);"
                         " the optimizer starts afresh", path)

@@ -182,7 +182,8 @@ class DeepSpeedStrategy(Strategy):
 
     def write_state(self, folder, state=None, process_group=None):
         client = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
-        self.model.save_checkpoint(os.path.join(folder, DEEPSPEED_DIR), tag=DEEPSPEED_TAG, client_state=client)
+        self.model.save_checkpoint(os.path.join(folder, DEEPSPEED_DIR), tag=DEEPSPEED_TAG, client_state=client,
+                                   exclude_frozen_parameters=self._adapters_only())
         if self.env.is_main:
             write_deepspeed_meta(folder, self.stage, self.env.world_size)
 
@@ -192,10 +193,18 @@ class DeepSpeedStrategy(Strategy):
             return False
         with safe_torch_loads():  # DeepSpeed's own torch.load(weights_only=False) calls, allow-listed
             path, _ = self.model.load_checkpoint(os.path.join(folder, DEEPSPEED_DIR), tag=DEEPSPEED_TAG,
-                                                 load_module_strict=self.train.checkpoint_strict)
+                                                 load_module_strict=self.train.checkpoint_strict
+                                                 and not self._adapters_only())
         if path is None:
             raise FileNotFoundError(f"{folder}/deepspeed: no DeepSpeed checkpoint to resume from")
         return True
+
+    def _adapters_only(self):
+        """Whether the model's checkpoints hold PEFT adapters only (checkpoint/formats/adapters.py): then
+        DeepSpeed's own files leave the frozen base out too (get_models rebuilds it)."""
+        from ..checkpoint.formats.adapters import adapter_layout
+        from ..checkpoint.formats.model_layout import model_folders
+        return bool(adapter_layout((f, m) for f, _, m in model_folders(self.unwrap())))
 
     def load_full_state(self, weights, optimizer_state):
         """Whole fp32 weights (DeepSpeed's master weights where it wrote them, else those load_model_state

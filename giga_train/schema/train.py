@@ -65,6 +65,11 @@ TRAIN = dict(
     eval_interval=Key(None, int, min=1),  # validate on dataloaders.val every N steps and at the last (None: never)
     eval_ema=Key(False, bool),  # validate on the EMA weights (needs with_ema)
     checkpoint_best=Key(None, dict, check=lambda v: _check_best(v)),  # dict(metric='val/loss', mode='min')
+    # stop when metric has not improved by more than min_delta for patience validations (docs/guide.md)
+    early_stopping=Key(None, dict, check=lambda v: _check_early_stopping(v)),  # dict(metric='val/loss', patience=3)
+    # 'tokens': forward_step returns dict(loss_sum=, num_tokens=); the loss is the token mean over the
+    # accumulation and the ranks (one big batch's), not the mean of the micro-batches' means (docs/guide.md)
+    loss_normalization=Key("mean", str, choices=("mean", "tokens")),
     profile=Key(None, dict),  # a torch.profiler trace of chosen steps: PROFILE's keys
     count_flops=Key(False, bool),  # count one step's FLOPs (torch.utils.flop_counter): TFLOP/s and MFU logged
     flops_per_sample=Key(None, numbers.Real, check=_positive),  # or give them (forward + backward, one sample)
@@ -177,8 +182,9 @@ def _check_train(train, project_dir, given=(), tester_only=False):
             raise ConfigError(f"train.{key}: {problem}")
     if train.eval_ema and not train.with_ema:
         raise ConfigError("train.eval_ema: needs train.with_ema=True (the EMA weights to validate on)")
-    if train.checkpoint_best and not train.eval_interval:
-        raise ConfigError("train.checkpoint_best: set train.eval_interval too (the validations it compares)")
+    for key in ("checkpoint_best", "early_stopping"):
+        if train[key] and not train.eval_interval:
+            raise ConfigError(f"train.{key}: set train.eval_interval too (the validations it compares)")
     if train.activation_checkpointing and not train.activation_class_names:
         raise ConfigError("train.activation_class_names: name the module classes to checkpoint"
                           f" (activation_checkpointing={train.activation_checkpointing!r})")
@@ -257,6 +263,24 @@ def _check_best(best):
         return f"metric: name a validation result, e.g. 'val/loss'; got {best.get('metric')!r}"
     if best.get("mode", "min") not in ("min", "max"):
         return f"mode: 'min' or 'max', got {best['mode']!r}"
+    return None
+
+
+EARLY_STOPPING_KEYS = ("metric", "mode", "patience", "min_delta")
+
+
+def _check_early_stopping(config):
+    unknown = sorted(set(config) - set(EARLY_STOPPING_KEYS))
+    if unknown:
+        return f"unknown key '{unknown[0]}'{did_you_mean(unknown[0], EARLY_STOPPING_KEYS)}"
+    problem = _check_best(dict(metric=config.get("metric"), mode=config.get("mode", "min")))
+    if problem:
+        return problem
+    patience, delta = config.get("patience", 3), config.get("min_delta", 0.0)
+    if not isinstance(patience, int) or isinstance(patience, bool) or patience < 1:
+        return f"patience: validations without improvement before stopping, an int >= 1; got {patience!r}"
+    if not isinstance(delta, numbers.Real) or isinstance(delta, bool) or delta < 0:
+        return f"min_delta: the least change that counts as an improvement, a number >= 0; got {delta!r}"
     return None
 
 

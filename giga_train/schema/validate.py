@@ -107,7 +107,7 @@ def validate_config(cfg, runners=None):
     val = cfg.dataloaders.get("val")
     if cfg.train.eval_interval and val is not None and val.get("data_or_config") is None:
         raise ConfigError("train.eval_interval: set dataloaders.val.data_or_config too (the data to validate on)")
-    for key in ("checkpoint_best", "eval_ema"):
+    for key in ("checkpoint_best", "early_stopping", "eval_ema"):
         if cfg.train[key] and val is None:
             raise ConfigError(f"train.{key}: set dataloaders.val too (the data to validate on)")
     train_data = (cfg.dataloaders.get("train") or {}).get("data_or_config")
@@ -179,6 +179,9 @@ def _dotted(runner):
 
 
 def _check_precision_device(cfg):
+    if cfg.train.loss_normalization == "tokens" and cfg.launch.distributed_type == "DEEPSPEED":
+        raise ConfigError("train.loss_normalization: 'tokens' is not supported under DEEPSPEED (its engine holds the"
+                          " gradients); use FSDP or DDP, or 'mean'")
     if cfg.train.mixed_precision == "fp16" and not cfg.launch.gpu_ids and cfg.launch.distributed_type != "NO":
         raise ConfigError(f"train.mixed_precision: 'fp16' needs GPUs under {cfg.launch.distributed_type}"
                           " (gloo on CPU has no fp16 path); use 'bf16' or 'no' on CPU")

@@ -10,6 +10,7 @@ file names, sharded safetensors with an index above --max-shard-size.
   PeftModel.from_pretrained(base, folder) loads; --merged also writes the merged model under merged/.
 Anything else has no such format: `giga-train convert --to full` writes its weights."""
 import inspect
+import json
 import itertools
 import logging
 import os
@@ -31,7 +32,7 @@ def export(checkpoint, out=None, ema=False, config=None, max_shard_size="5GB", m
     out = out or os.path.normpath(checkpoint) + ("_ema_hf" if ema else "_hf")
     if os.path.exists(out):
         raise ConfigError(f"--out: {out} exists; give another folder (nothing is overwritten)")
-    model = rebuilt_model(config or run_config(checkpoint), weights)
+    model = rebuilt_model(config or run_config(checkpoint), weights, adapters_only=_adapters_only(checkpoint))
     members = list(model.items()) if isinstance(model, ModuleDict) else [(None, model)]
     for name, module in members:
         _check_exportable(module, name)
@@ -50,10 +51,18 @@ def run_config(checkpoint):
     return path
 
 
-def rebuilt_model(config, weights):
-    """The config's model, built on the meta device, then given `weights` (every key, strictly)."""
+def _adapters_only(checkpoint):
+    """Whether the checkpoint holds PEFT adapters only (checkpoint/formats/adapters.py)."""
+    with open(os.path.join(checkpoint, "meta.json")) as f:
+        return bool((json.load(f).get("layout") or {}).get("adapters"))
+
+
+def rebuilt_model(config, weights, adapters_only=False):
+    """The config's model, built on the meta device, then given `weights` (every key, strictly). A checkpoint
+    of PEFT adapters only (`adapters_only`): built on the CPU (get_models loads the frozen base from its
+    folder), the adapters given, the base's keys left as built."""
     from .offline import build_model, offline_trainer
-    trainer = offline_trainer(config, device="meta")
+    trainer = offline_trainer(config, device="cpu" if adapters_only else "meta")
     try:
         model = build_model(trainer)
     except Exception as e:  # e.g. transformers' from_pretrained refuses the meta device: build it for real
@@ -66,7 +75,8 @@ def rebuilt_model(config, weights):
             if callable(getattr(module, "tie_weights", None)) and hasattr(module, "config"):
                 module.tie_weights()
     result = model.load_state_dict(weights, strict=False)
-    missing = [k for k in result.missing_keys if k not in _tied_keys(model)]
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad} | {n for n, _ in model.named_buffers()}
+    missing = [k for k in result.missing_keys if k not in _tied_keys(model) and not (adapters_only and k in frozen)]
     if missing or result.unexpected_keys:
         wrong = missing or result.unexpected_keys
         raise ConfigError(f"the checkpoint does not fit the config's model: {len(wrong)} "

@@ -2,7 +2,7 @@
 the real GigaTrain 1.1's checkpoints), and the data position a GigaTrain step gives; beside it, loading
 model folders into models and the saved config (GigaTrain's load_checkpoint and save_config, which need no
 run). The Trainer's GigaTrain hooks (save_checkpoint, resume, state_dict, checkpoint_meta, ...) delegate
-here; the best checkpoint (train.checkpoint_best) is this part's."""
+here; the best checkpoint (train.checkpoint_best) and early stopping (train.early_stopping) are this part's."""
 import json
 import logging
 import os
@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..schema.train import checkpoint_steps
 from ..compat.utils import load_state_dict
 from .best_checkpoint import BestCheckpoint
+from .early_stopping import EarlyStopping
 from .resume_config import config_applies
 
 log = logging.getLogger("giga_train")
@@ -29,20 +30,30 @@ class TrainerCheckpoints:
         self.trainer, self.checkpointer, self.stream = trainer, checkpointer, stream
         best = trainer.train_config.checkpoint_best
         self.best = BestCheckpoint(best, checkpointer.folders, trainer.is_main_process) if best else None
+        stopping = trainer.train_config.get("early_stopping")
+        self.early_stopping = EarlyStopping(stopping, checkpointer.folders) if stopping else None
 
     def due(self):
         """Whether this step saves: train.checkpoint_interval (steps; epochs when training by epochs, a
         float being a fraction of one), the last step, as GigaTrain does; or the best validation so far
-        (train.checkpoint_best) was this step's."""
+        (train.checkpoint_best) was this step's; or the run stops early here."""
         trainer, best = self.trainer, self.best
         every = checkpoint_steps(trainer.train_config, trainer.epoch_size)
         return bool((every and trainer.epoch_clock.crossed(trainer.step, every))
-                    or trainer.step == trainer.max_steps or (best is not None and best.due == trainer.step))
+                    or trainer.step == trainer.max_steps or (best is not None and best.due == trainer.step)
+                    or self.stopped_early())
 
     def validated(self, step, results):
         """After a validation at `step`: with train.checkpoint_best, its results may make this step the best."""
         if self.best is not None:
             self.best.update(step, results)
+        if self.early_stopping is not None:
+            self.early_stopping.update(step, results)
+
+    def stopped_early(self):
+        """Whether the run stops at this step (train.early_stopping): this run decided it, or it resumed the
+        checkpoint of a run that did (and the config's patience is not higher)."""
+        return self.early_stopping is not None and self.early_stopping.stopped(self.trainer.step)
 
     def save(self):
         """Write a checkpoint of this step once the NaN guard has settled it (so a stop comes before anything is
@@ -75,6 +86,8 @@ class TrainerCheckpoints:
                  "step": trainer.step, "epoch_offset": trainer.epoch_clock.state_dict()}
         if self.best is not None:
             state["best"] = self.best.state_dict()
+        if self.early_stopping is not None:
+            state["early_stopping"] = self.early_stopping.state_dict()
         return state
 
     def load_trainer_state(self, state):
@@ -87,6 +100,8 @@ class TrainerCheckpoints:
         trainer.epoch_clock.resumed(trainer, state["data"], state.get("epoch_offset"))
         if self.best is not None:
             self.best.load_state_dict(state.get("best"))
+        if self.early_stopping is not None:
+            self.early_stopping.load_state_dict(state.get("early_stopping"))
 
     def meta(self):
         """What meta.json records beside the files."""

@@ -1,24 +1,37 @@
 """The training log's losses: each step's (summed over its micro-batches on the device), and their sums
 since the last log line over the steps that were applied. A skipped step's losses are left out, so one
-NaN does not hide the others': masked on the device by its flag where the skip was decided there."""
+NaN does not hide the others': masked on the device by its flag where the skip was decided there. With
+train.loss_normalization='tokens' the micro-batches' loss sums are kept, and scaled to the token mean at
+the step (token_normalization.py)."""
 import torch
 
 from ..errors import ConfigError
+from .token_normalization import TokenCount, scale_gradients
 
 
 class LossBook:
-    def __init__(self, accumulation):
-        self.scale = 1.0 / accumulation  # a micro-batch's share of its step
+    def __init__(self, accumulation, normalization="mean"):
+        self.tokens = TokenCount() if normalization == "tokens" else None
+        # what a micro-batch's loss is divided by in its backward and the log: its share of the step (by
+        # tokens: none, the step's total scales the sums and the gradients at the step)
+        self.divisor = 1 if self.tokens is not None else accumulation
+        self.scale = 1.0 / self.divisor
         self.this_step = {}  # name -> this step's loss so far (device tensors)
         self.sums = {}       # name -> sum over the applied steps since the last log line
         self.steps = 0       # how many steps `sums` holds: a device count where skips are decided there
 
     def start_step(self):
         self.this_step = {}
+        if self.tokens is not None:
+            self.tokens.start_step()
 
     def parse(self, losses):
         """The loss to train from forward_step's output (a tensor, or a dict of named ones): each entry's
-        mean, summed; each (and their sum, `total_loss`) is added to this step's."""
+        mean, summed; each (and their sum, `total_loss`) is added to this step's. By tokens: the loss sum."""
+        if self.tokens is not None:
+            loss = self.tokens.take(losses)
+            self.this_step["total_loss"] = self.this_step.get("total_loss", 0) + loss.detach().float()
+            return loss
         named = losses if isinstance(losses, dict) else {}
         if named and "total_loss" in named:
             raise ConfigError("forward_step: a loss named 'total_loss' (the name of their sum): rename it")
@@ -27,6 +40,16 @@ class LossBook:
         for name, value in {**means, "total_loss": loss}.items():
             self.this_step[name] = self.this_step.get(name, 0) + value.detach().float() * self.scale
         return loss
+
+    def normalize_tokens(self, strategy, module):
+        """By tokens, at the optimizer step: the factor (ranks / the step's tokens, one collective) applied to
+        the gradients of `module` and to this step's logged sums; returned (1 otherwise)."""
+        if self.tokens is None:
+            return 1
+        factor = self.tokens.factor(strategy)
+        scale_gradients(module, factor)
+        self.this_step = {name: value * factor for name, value in self.this_step.items()}
+        return factor
 
     def end_step(self, result):
         """Add this step's losses to the sums, unless the step (its StepResult) was skipped."""

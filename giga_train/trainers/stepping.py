@@ -8,6 +8,7 @@ def optimizer_step(trainer, step_loss):
     """The StepResult of step `trainer.step + 1`, whose loss on this rank (its micro-batches' sum) is
     `step_loss`. Reads the trainer's public surface: train_config, strategy, nan_guard, schedulers, ema."""
     train, strategy, nan_guard, step = trainer.train_config, trainer.strategy, trainer.nan_guard, trainer.step + 1
+    step_loss = step_loss * trainer.losses_book.normalize_tokens(strategy, trainer.unwrapped_model)  # by tokens
     result = strategy.step(train.max_grad_norm, measure=step % train.log_interval == 0,
                            verdict=nan_guard.verdict(strategy, step_loss))
     if result.skipped and result.nonfinite_names:  # read on the host: nothing else moves

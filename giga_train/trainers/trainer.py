@@ -55,7 +55,7 @@ class Trainer(GigaTrainAttributes, Runner):
         self._optimizers, self._schedulers, self.ema = [], [], None
         self.preempted = False  # set when SIGTERM/SIGUSR1 (on any rank) stops the run after a checkpoint
         self.evaluation = Evaluation(self.device)  # log_metric's sums; the validator (made by prepare)
-        self.losses_book = LossBook(self.gradient_accumulation_steps)
+        self.losses_book = LossBook(self.gradient_accumulation_steps, self.train_config.loss_normalization)
         seed_everything(self.train_config.seed)  # every rank builds the same initial weights
 
     extra_options = staticmethod(train_kwargs)  # self.kwargs: the train section's keys GigaTrain does not name
@@ -178,11 +178,14 @@ class Trainer(GigaTrainAttributes, Runner):
         if self.step >= self.max_steps:
             log.info("already at step %d of %d: nothing to train", self.step, self.max_steps)
             return self._finish()
+        if self.checkpointing.stopped_early():  # resumed the stop of an early-stopped run (said so: early_stopping.py)
+            return self._finish()
         self.run_log = RunLog(self)
         self.run_log.perf.use_flops_per_sample(model_flops_per_sample(self))
         self.print_before_train()
         self.model.train()
-        self.losses_book = LossBook(self.gradient_accumulation_steps)  # the losses since the last log line
+        # the losses since the last log line
+        self.losses_book = LossBook(self.gradient_accumulation_steps, self.train_config.loss_normalization)
         self.preemption = PreemptionSignals()
         try:
             with self.preemption:
@@ -196,6 +199,8 @@ class Trainer(GigaTrainAttributes, Runner):
                     self.validate_if_due()
                     self.print_step()
                     self.save_checkpoint_step()
+                    if self.checkpointing.stopped_early():  # train.early_stopping: this step's checkpoint saved
+                        break
                     if self.nan_guard.agreed_preemption(self.preemption, self.env, self.step):
                         self.preempted = True
                         break
@@ -238,9 +243,9 @@ class Trainer(GigaTrainAttributes, Runner):
 
     def backward_step(self, loss) -> None:
         """Backward of one micro-batch; the last of a step clips and steps the optimizers, schedulers and EMA."""
-        accumulation = self.gradient_accumulation_steps
-        self.strategy.backward(loss / accumulation)
-        self._step_loss = loss.detach() / accumulation + (self._step_loss if self._micro_step else 0)
+        share = self.losses_book.divisor  # the accumulation (by tokens: 1, the step scales: token_normalization.py)
+        self.strategy.backward(loss / share)
+        self._step_loss = loss.detach() / share + (self._step_loss if self._micro_step else 0)
         if self.sync_gradients:  # skipped everywhere when the NaN guard says so (stepping.py)
             self._last_result = optimizer_step(self, self._step_loss)
 

@@ -29,6 +29,7 @@ from ...module_dict import ModuleDict
 from ..checksums import inside
 from .weights import SAFETENSORS_WEIGHTS_NAME, WEIGHTS_NAME, load_state_dict
 from .full_state import read_dcp_whole
+from .adapters import adapter_keys, adapter_layout, model_keys, write_adapter
 from .weights import FINITE_KEY, load_weights, write_tensors
 
 LIVE_WITH_EMA = "model.safetensors"  # Accelerate's name, where GigaTrain's live weights are with EMA on
@@ -52,7 +53,9 @@ def layout_meta(module, model_name, ema, sharded=False):
     folders = {folder: prefix for folder, prefix, _ in model_folders(module, model_name)}
     if sharded:
         return dict(models=folders, live=[MODEL_SHARDS], sharded=True)
-    return dict(models=folders, live=[LIVE_WITH_EMA] if ema else sorted(folders))
+    layout = dict(models=folders, live=[LIVE_WITH_EMA] if ema else sorted(folders))
+    adapters = {} if ema else adapter_layout((f, m) for f, _, m in model_folders(module, model_name))
+    return dict(layout, adapters=adapters) if adapters else layout  # PEFT adapters: adapters.py
 
 
 def is_sharded(meta):
@@ -143,8 +146,11 @@ def write_model_folders(root, module, state, model_name, safe, suffix=""):
     for folder, prefix, member in model_folders(module, model_name):
         path = os.path.join(root, folder + suffix)
         os.makedirs(path, exist_ok=True)
-        write_config(path, member)
         part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        if not suffix and adapter_keys(member) is not None:  # the adapter alone (adapters.py)
+            write_adapter(path, member, part, write_tensors)
+            continue
+        write_config(path, member)
         write_tensors(os.path.join(path, weights_name(member, safe)), part, safe)
 
 
@@ -219,9 +225,12 @@ def read_weights(checkpoint, meta=None, ema=False):
         return load_weights(folder, members=members)
     if not ema and layout["live"] == [LIVE_WITH_EMA]:
         return load_state_dict(os.path.join(checkpoint, LIVE_WITH_EMA))
-    state = {}
+    state, adapters = {}, layout.get("adapters") or {}
     for folder, prefix in layout["models"].items():
         part = load_state_dict(os.path.join(checkpoint, folder + (EMA_SUFFIX if ema else "")))
+        if folder in adapters and not ema:  # the adapter only (adapters.py): the base is get_models'
+            state.update(model_keys(part, adapters[folder]["keys"], prefix))
+            continue
         state.update({prefix + k: v for k, v in part.items()})
     return state
 

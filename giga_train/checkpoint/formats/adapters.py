@@ -1,0 +1,67 @@
+"""PEFT adapters in checkpoints: a model member that is a peft.PeftModel whose trainable parameters are all
+its adapter's (LoRA...) is saved as the adapter only, in PEFT's own format (adapter_model.safetensors +
+adapter_config.json, which PeftModel.from_pretrained(base, folder) reads); meta.json's layout records, per
+such folder, the base it adapts (base_model_name_or_path) and which model key each adapter key is. Resume
+loads them into the model get_models rebuilt (its frozen base from its own folder); the base's weights are
+never written. Anything else is saved whole."""
+import sys
+
+import torch
+
+from ...errors import ConfigError
+
+ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
+
+
+def adapter_keys(module):
+    """{PEFT's key in adapter_model.safetensors: the module's own key} when `module` is a PeftModel whose
+    trainable parameters are all in its adapter state; None otherwise (then it is saved whole)."""
+    peft = sys.modules.get("peft")  # imported by the project's get_models when it made one
+    if peft is None or not isinstance(module, peft.PeftModel):
+        return None
+    names = [name for name, p in module.named_parameters() if p.requires_grad]
+    tagged = {name: torch.tensor(i) for i, name in enumerate(names)}  # PEFT renames and filters the keys
+    adapter = peft.get_peft_model_state_dict(module, state_dict=tagged)
+    if not names or len(adapter) != len(names):
+        return None  # a trainable base weight too (or nothing trainable): the whole model
+    return {key: names[int(index)] for key, index in adapter.items()}
+
+
+def adapter_layout(members):
+    """meta.json's `adapters`: {folder: {base, keys}} for each (folder, module) that saves as an adapter."""
+    found = {}
+    for folder, module in members:
+        keys = adapter_keys(module)
+        if keys is not None:
+            config = module.peft_config[module.active_adapter]
+            found[folder] = dict(base=config.base_model_name_or_path, keys=keys)
+    return found
+
+
+def write_adapter(folder, module, part, write_tensors):
+    """The adapter of `module` into `folder`: its config and weights (from `part`, the module's state)."""
+    keys = adapter_keys(module)
+    config = module.peft_config[module.active_adapter]
+    mode, config.inference_mode = config.inference_mode, True  # as PeftModel.save_pretrained writes it
+    try:
+        config.save_pretrained(folder)
+    finally:
+        config.inference_mode = mode
+    write_tensors(f"{folder}/{ADAPTER_WEIGHTS}", {key: part[name] for key, name in keys.items()}, True)
+
+
+def model_keys(part, keys, prefix):
+    """An adapter file's tensors `part` under the model's keys (`keys`: meta.json's map), with `prefix`."""
+    return {prefix + keys[key]: value for key, value in part.items() if key in keys}
+
+
+def check_adapter_fit(module, state, checkpoint):
+    """One line unless `state` (an adapter checkpoint's weights) holds every trainable parameter of `module`
+    and only keys of it (the frozen base is what get_models built)."""
+    missing = sorted(n for n, p in module.named_parameters() if p.requires_grad and n not in state)
+    unexpected = sorted(set(state) - set(module.state_dict()))
+    if missing or unexpected:
+        wrong = missing or unexpected
+        raise ConfigError(f"{checkpoint}: its adapter weights do not fit the model ({len(wrong)}"
+                          f" {'trainable parameters missing' if missing else 'unexpected keys'}, e.g. '{wrong[0]}'):"
+                          " give get_models the same PEFT config")

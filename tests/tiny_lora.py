@@ -1,0 +1,32 @@
+"""A tiny PEFT LoRA run: the char-LM (width 128) as the frozen base, loaded from a local file the test
+writes (GT_LORA_BASE), with a rank-4 LoRA on its attention's qkv from get_models."""
+import os
+
+import torch
+
+from examples.char_lm.model import CharLM
+from tests.tiny import TinyTrainer
+
+BASE = dict(vocab_size=256, block_size=16, dim=128, layers=2, heads=2, dropout=0.0)
+
+
+def write_base(path):
+    torch.manual_seed(0)
+    torch.save(CharLM(**BASE).state_dict(), path)
+
+
+class LoraTrainer(TinyTrainer):
+    def get_models(self, model_config):
+        from peft import LoraConfig, get_peft_model
+        self.losses = []
+        path = os.environ["GT_LORA_BASE"]
+        base = CharLM(**BASE)
+        base.load_state_dict(torch.load(path, weights_only=True))
+        model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["qkv"]))
+        model.peft_config["default"].base_model_name_or_path = path
+        return model
+
+    def forward_step(self, batch_dict):
+        loss = self.model(tokens=batch_dict["tokens"], targets=batch_dict["targets"])
+        self.losses.append(loss.detach().float().item())
+        return loss
