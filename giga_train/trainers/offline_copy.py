@@ -5,7 +5,7 @@ import dataclasses
 
 import torch
 
-from ..tracking.metrics import MetricSums
+from .evaluation import Evaluation
 
 
 class ModelHolder:
@@ -29,8 +29,8 @@ def offline_copy(trainer, device):
     shadow.env = dataclasses.replace(trainer.env, device=torch.device(device))
     shadow._models, shadow._dataloaders = [], []
     shadow.strategy = ModelHolder(shadow, getattr(trainer, "strategy", None))
-    if hasattr(trainer, "_metric_sink"):  # a log_metric in forward_step logs nothing of the run's
-        shadow._logged_metrics = shadow._metric_sink = MetricSums(torch.device(device))
+    if hasattr(trainer, "evaluation"):  # a log_metric in forward_step logs nothing of the run's
+        shadow.evaluation = Evaluation(torch.device(device))
     return shadow
 
 
