@@ -1,19 +1,8 @@
 """Triton kernels of the fused CAME step: the three passes over the elements (the small kernels
 between them are in came_stats.py, the launch sequence in came_bucket.py).
 
-One launch covers every tensor of a bucket: programs look their tensor up in small int tables
-(TILES, PROGS) and read parameter/gradient addresses from pointer tables. Per step the gradient
-is read three times, the 8-bit momentum twice (plus one write), the parameter once:
-  1. _sq_sums: per tile of BC columns x RC rows, row partial sums (per column block) and column
-     partial sums (per row chunk) of g^2 + eps1. Columns accumulate in registers, rows reduce
-     within a warp, so no reduction crosses warps inside the loop.
-  2. _res_sums: U = g r c from the new factors; with m the old momentum and s' last step's clip
-     scale, row/column partial sums of d^2, d*U, U^2 where d = U / s' - m. (U/s - m_new)^2 is
-     b1^2 (d + (1/s - 1/s') U)^2, so the residual statistics need no extra pass over g.
-  3. _update: momentum update, 8-bit re-quantization per block, parameter update.
-PREFETCH: the loops load the next slab/block into registers before working on the current one,
-so a program always has a load in flight (the passes are latency-bound without it).
-"""
+One launch covers every tensor of a bucket; what each pass computes and how it reads memory:
+docs/architecture.md, "CAME8Bit's step"."""
 import triton
 import triton.language as tl
 
