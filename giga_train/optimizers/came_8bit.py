@@ -7,6 +7,7 @@ DeepSpeed's partitions (came_zero.py): docs/architecture.md, "CAME8Bit's step"."
 import torch
 
 from ..registry import OPTIMIZERS
+from .closure import closure_loss
 from .kernels import came_torch, use_kernels
 from .kernels.state_io import load_state_keep_dtypes
 
@@ -158,10 +159,7 @@ class CAME8Bit(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         flag = self._found_inf()
         skip = None if flag is None else flag.reshape(()) > 0
         for gi, group in enumerate(self.param_groups):
