@@ -41,6 +41,14 @@ def _tile(META, TILES, pid, ALIGNED: tl.constexpr):
 
 
 @triton.jit
+def _span(cb, rc, R, C, RC: tl.constexpr, BC: tl.constexpr):
+    """A tile's BC columns, which of them lie inside the tensor, and its rows [r_lo, r_end)."""
+    cols = cb * BC + tl.arange(0, BC)
+    r_lo = rc * RC
+    return cols, cols < C, r_lo, tl.minimum(r_lo + RC, R)
+
+
+@triton.jit
 def _slab(ptr, rows, r_end, cols, cmask, C, other):
     mask = (rows < r_end)[:, None] & cmask[None, :]
     return tl.load(ptr + rows[:, None] * C + cols[None, :], mask=mask, other=other)
@@ -53,10 +61,7 @@ def _sq_sums_kernel(G_BASE, G_OFF, META, TILES, ROWPART, COLPART, eps1, ALIGNED:
     rp_off = _meta(META, k, 6)
     cp_off = _meta(META, k, 7)
     g_ptr = offset_ptr(G_BASE, G_OFF, k, ALIGNED)
-    cols = cb * BC + tl.arange(0, BC)
-    cmask = cols < C
-    r_lo = rc * RC
-    r_end = tl.minimum(r_lo + RC, R)
+    cols, cmask, r_lo, r_end = _span(cb, rc, R, C, RC, BC)
     ar = tl.arange(0, BR)
     if PREFETCH:
         g = _slab(g_ptr, r_lo + ar, r_end, cols, cmask, C, 0.0).to(tl.float32)
@@ -112,13 +117,10 @@ def _res_sums_kernel(G_BASE, G_OFF, META, TILES, RINV, CINV2, ROWSUM, SHAT, MOM,
     cp_off = _meta(META, k, 7)
     g_ptr = offset_ptr(G_BASE, G_OFF, k, ALIGNED)
     mom_ptr = MOM + el_off
-    cols = cb * BC + tl.arange(0, BC)
-    cmask = cols < C
+    cols, cmask, r_lo, r_end = _span(cb, rc, R, C, RC, BC)
     c = tl.load(CINV2 + _meta(META, k, 10, ALIGNED) + cols, mask=cmask, other=0.0)
     sqrt_mean = tl.sqrt(tl.load(ROWSUM + k) / R.to(tl.float32))
     inv_shat = 1.0 / tl.load(SHAT + k)
-    r_lo = rc * RC
-    r_end = tl.minimum(r_lo + RC, R)
     ar = tl.arange(0, BR)
     if PREFETCH:
         first_end = r_end
