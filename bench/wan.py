@@ -20,7 +20,6 @@ torch.cuda.max_memory_allocated (peak RSS on CPU). An out-of-memory row is repor
 row is retried with fewer frames (49 -> 33 -> 17 -> 9 -> 1). A time budget (--budget-s) skips what no
 longer fits. Prints a markdown table last and writes JSON (bench/wan.json)."""
 import argparse
-import datetime
 import json
 import math
 import os
@@ -33,6 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from bench.results import end_row_child, print_table_header, run_meta, write_results  # noqa: E402
 from bench.step_clock import TimedSteps, memory_fields  # noqa: E402
 from examples.wan.trainer import WanTrainer  # noqa: E402
 
@@ -271,9 +271,7 @@ def main():
     args = p.parse_args()
     if args.row:
         run_row(json.loads(args.row), args.row_result)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)  # the row is written: skip interpreter teardown (NCCL/gloo threads can hang or abort there)
+        end_row_child()
     if args.rows is None:
         args.rows = list(GIGATRAIN_ROWS if args.gigatrain_path or args.gigatrain_python else DEFAULT_ROWS)
     if args.simulate_oom_above is not None:
@@ -341,24 +339,20 @@ def report(rows, args, height, width):
         diffusers_version = None
     card = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     params = next((r["params"] for r in rows if "params" in r), None)
-    meta = dict(date=datetime.date.today().isoformat(), card=card, torch=torch.__version__,
-                diffusers=diffusers_version, arch="tiny" if args.tiny else "Wan2.2-TI2V-5B (random init)",
-                params=params, height=height, width=width, steps=args.steps, batch=1,
-                precision="bf16: autocast over fp32 parameters; under DeepSpeed bf16 weights + fp32 master copies",
-                activation_checkpointing="WanTransformerBlock",
-                command=" ".join(["python", "bench/wan.py", *sys.argv[1:]]))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(dict(meta=meta, rows=rows, giga_train_vs_gigatrain=[
-            dict(strategy=s, optimizer=o, step_rate_ratio=theirs["step_s"] / ours["step_s"],
-                 peak_ratio=ours["peak_gib"] / theirs["peak_gib"]) for s, o, theirs, ours in comparisons(rows)]),
-            f, indent=2)
+    meta = run_meta("bench/wan.py", card=card, torch=torch.__version__,
+                    diffusers=diffusers_version, arch="tiny" if args.tiny else "Wan2.2-TI2V-5B (random init)",
+                    params=params, height=height, width=width, steps=args.steps, batch=1,
+                    precision="bf16: autocast over fp32 parameters; under DeepSpeed bf16 weights + fp32 master copies",
+                    activation_checkpointing="WanTransformerBlock")
+    write_results(args.out, meta=meta, rows=rows, giga_train_vs_gigatrain=[
+        dict(strategy=s, optimizer=o, step_rate_ratio=theirs["step_s"] / ours["step_s"],
+             peak_ratio=ours["peak_gib"] / theirs["peak_gib"]) for s, o, theirs, ours in comparisons(rows)])
     peak = "peak GiB (max allocated)" if args.device == "cuda" else "peak RSS GiB"
     print(f"\n{meta['date']}, {card}, torch {meta['torch']}, diffusers {diffusers_version}, {meta['arch']}"
           f"{f' ({params / 1e9:.3f}B params)' if params else ''}, {height}x{width}, batch 1, {meta['precision']},"
           f" activation checkpointing per WanTransformerBlock, {args.steps} steps")
-    print(f"| trainer | strategy | optimizer | frames (latents) | tokens | s/step | {peak} | init s | loss | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print_table_header("trainer", "strategy", "optimizer", "frames (latents)", "tokens", "s/step", peak, "init s", "loss",
+                       "note")
     for r in rows:
         shape = f"{r['frames']} ({'x'.join(map(str, r['latents']))})" if "latents" in r else str(r["frames"])
         if r["status"] == "ok":
@@ -374,8 +368,8 @@ def report(rows, args, height, width):
                   f" {peak_value} | | | {note.replace('|', '/')} |")
     pairs = comparisons(rows)
     if pairs:
-        print("\n| strategy | optimizer | giga-train step rate / GigaTrain's | giga-train peak / GigaTrain's |")
-        print("|---|---|---|---|")
+        print()
+        print_table_header("strategy", "optimizer", "giga-train step rate / GigaTrain's", "giga-train peak / GigaTrain's")
         for strategy, optimizer, theirs, ours in pairs:
             print(f"| {strategy} | {optimizer} | {theirs['step_s'] / ours['step_s']:.2f}x |"
                   f" {ours['peak_gib'] / theirs['peak_gib']:.2f} |")
