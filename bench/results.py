@@ -1,5 +1,5 @@
-"""What the bench scripts share: ending the child process that ran one row, and the results' JSON file and
-markdown table."""
+"""What the bench scripts share: a row run in a child process (its end, and the row a failed one gives), and
+the results' JSON file and markdown table."""
 import datetime
 import json
 import os
@@ -12,6 +12,17 @@ def end_row_child():
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def failed_row(base, run, tail):
+    """The row of a child process that wrote none: its last `tail` lines of output go to stderr, and the cause
+    named is the out-of-memory line, else the last line naming an Error (not the launcher's summary after it)."""
+    output = (run.stdout + run.stderr).strip().splitlines()
+    print("\n".join(output[-tail:]), file=sys.stderr)
+    cause = next((line for line in output if "OutOfMemoryError" in line), None) or \
+        next((line for line in reversed(output) if "Error" in line), output[-1] if output else "")
+    return dict(base, status="oom" if "OutOfMemoryError" in cause else "error",
+                error=f"exit {run.returncode}: {cause.strip()}"[:300])
 
 
 def run_meta(script, **fields):

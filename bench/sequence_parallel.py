@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from bench.results import end_row_child, print_table_header, run_meta, write_results  # noqa: E402
+from bench.results import end_row_child, failed_row, print_table_header, run_meta, write_results  # noqa: E402
 from bench.wan import TINY_ARCH, BenchWanTrainer, optimizer_config  # noqa: E402
 
 ROW_DIR = "SP_BENCH_ROW_DIR"  # where each rank writes its row
@@ -100,12 +100,7 @@ def spawn_row(spec, timeout):
     if len(ranks) != spec["gpus"]:
         if run is None:
             return dict(base, status="timeout", error=f"killed after {timeout:.0f} s")
-        output = (run.stdout + run.stderr).strip().splitlines()
-        print("\n".join(output[-60:]), file=sys.stderr)
-        cause = next((line for line in output if "OutOfMemoryError" in line), None) or \
-            next((line for line in reversed(output) if "Error" in line), output[-1] if output else "")
-        return dict(base, status="oom" if "OutOfMemoryError" in cause else "error",
-                    error=f"exit {run.returncode}: {cause.strip()}"[:300])
+        return failed_row(base, run, tail=60)
     step_s = max(r["step_s"] for r in ranks)  # the ranks step together; the slowest clock is the step
     samples = spec["gpus"] // spec["sp"]
     return dict(base, status="ok", step_s=step_s, samples_per_step=samples,

@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from bench.results import end_row_child, print_table_header, run_meta, write_results  # noqa: E402
+from bench.results import end_row_child, failed_row, print_table_header, run_meta, write_results  # noqa: E402
 from bench.step_clock import TimedSteps, memory_fields  # noqa: E402
 from examples.wan.trainer import WanTrainer  # noqa: E402
 
@@ -215,17 +215,11 @@ def spawn_row(spec, timeout, args):
         try:
             run = subprocess.run(command + ["--row-result", result_path], cwd=cwd, env=env, capture_output=True,
                                  text=True, timeout=timeout)
-            output = (run.stdout + run.stderr).strip().splitlines()
             row = finished_row(result_path)
-            if row is None:
-                print("\n".join(output[-80:]), file=sys.stderr)
-                # the cause, not the launcher's summary after it (GigaTrain's Launcher even exits 0 then)
-                cause = next((line for line in output if "OutOfMemoryError" in line), None) or \
-                    next((line for line in reversed(output) if "Error" in line), output[-1] if output else "")
-                return dict(base, status="oom" if "OutOfMemoryError" in cause else "error",
-                            error=f"exit {run.returncode}: {cause.strip()}"[:300])
+            if row is None:  # no row written (GigaTrain's Launcher may even exit 0 then)
+                return failed_row(base, run, tail=80)
             if row["status"] == "error":
-                print("\n".join(output[-20:]), file=sys.stderr)
+                print("\n".join((run.stdout + run.stderr).strip().splitlines()[-20:]), file=sys.stderr)
         except subprocess.TimeoutExpired:
             row = finished_row(result_path)  # the row may have finished and only the process's exit hung
             if row is None:
