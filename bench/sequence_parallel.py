@@ -27,7 +27,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from bench.results import end_row_child, failed_row, print_table_header, run_meta, write_results  # noqa: E402
-from bench.wan import TINY_ARCH, BenchWanTrainer, optimizer_config  # noqa: E402
+from bench.wan import TINY_ARCH, BenchWanTrainer, add_row_arguments, optimizer_config  # noqa: E402
 
 ROW_DIR = "SP_BENCH_ROW_DIR"  # where each rank writes its row
 
@@ -113,15 +113,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--gpus", type=int, default=None, help="ranks (default: every visible GPU)")
     p.add_argument("--sp", default="1,2,4,8", help="SP sizes to run (those that divide --gpus)")
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--tiny", action="store_true", help="a 2-block architecture instead of the 5B one")
+    add_row_arguments(p, steps=6, row_timeout_s=540, out=os.path.join(ROOT, "bench/sequence_parallel.json"))
     p.add_argument("--frames", type=int, default=121)
     p.add_argument("--height", type=int, default=704)
     p.add_argument("--width", type=int, default=1280)
-    p.add_argument("--steps", type=int, default=6, help="steps per row; the second half is timed")
-    p.add_argument("--row-timeout-s", type=float, default=540)
-    p.add_argument("--out", default=os.path.join(ROOT, "bench/sequence_parallel.json"))
-    p.add_argument("--row", help=argparse.SUPPRESS)
     p.add_argument("--row-dir", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.row:

@@ -240,10 +240,19 @@ def row_shape(spec):
     return dict(latents=list(shape), tokens=shape[1] * (shape[2] // 2) * (shape[3] // 2))
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_row_arguments(p, steps, row_timeout_s, out):
+    """The arguments of bench/wan.py and bench/sequence_parallel.py alike (--row: the child process of one row)."""
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--tiny", action="store_true", help="a 2-block architecture instead of the 5B one")
+    p.add_argument("--steps", type=int, default=steps, help="steps per row; the second half is timed")
+    p.add_argument("--row-timeout-s", type=float, default=row_timeout_s)
+    p.add_argument("--out", default=out)
+    p.add_argument("--row", help=argparse.SUPPRESS)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_row_arguments(p, steps=8, row_timeout_s=150, out=os.path.join(ROOT, "bench/wan.json"))
     p.add_argument("--rows", nargs="*", help="[gigatrain:]STRATEGY:OPTIMIZER, in order (default: ours, or"
                    " GigaTrain's beside ours with --gigatrain-*)")
     p.add_argument("--gigatrain-path", help="a folder holding GigaTrain 1.1.0 (first on its rows' PYTHONPATH)")
@@ -251,16 +260,12 @@ def main():
     p.add_argument("--frames", type=int, default=49, help="frames to try first (4k+1)")
     p.add_argument("--height", type=int, default=None, help="default 480 (64 with --tiny)")
     p.add_argument("--width", type=int, default=None, help="default 832 (64 with --tiny)")
-    p.add_argument("--steps", type=int, default=8, help="steps per row; the second half is timed")
     p.add_argument("--budget-s", type=float, default=330, help="wall-clock budget for all rows")
-    p.add_argument("--row-timeout-s", type=float, default=150)
     p.add_argument("--no-fallback", action="store_true", help="an out-of-memory row is not retried with fewer"
                    " frames (where the optimizer step is what does not fit, fewer frames do not help)")
     p.add_argument("--simulate-oom-above", type=int, help="rows raise OutOfMemoryError above this many frames")
     p.add_argument("--row-train", type=json.loads, default=None, help="JSON of train settings for every row"
                    " (e.g. '{\"activation_checkpointing\": false, \"dynamo_config\": {\"backend\": \"inductor\"}}')")
-    p.add_argument("--out", default=os.path.join(ROOT, "bench/wan.json"))
-    p.add_argument("--row", help=argparse.SUPPRESS)
     p.add_argument("--row-result", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.row:
