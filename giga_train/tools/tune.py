@@ -18,6 +18,7 @@ from ..engine.activation_checkpointing import memory_budget_bytes
 from ..errors import ConfigError
 
 EXPLODED_GRAD_NORM = 1e3
+TIE_FRACTION = 0.02  # candidates this close in samples/s are a tie (the noise between runs): the lower peak wins
 WORKER_FLAG = "--tune-worker"
 
 
@@ -214,9 +215,14 @@ def _over_budget(rows, budget):
             row["status"] = f"over the budget {budget}"
 
 
-def _fastest(rows):
+def _fastest(rows, tie=TIE_FRACTION):
+    """The most samples/s among the ok rows; of those within `tie` of it (run-to-run noise), the lowest peak."""
     ok = [r for r in rows if r.get("status") == "ok"]
-    return min(ok, key=lambda r: 1 / r["samples_per_sec"]) if ok else None
+    if not ok:
+        return None
+    best = max(r["samples_per_sec"] for r in ok)
+    close = [r for r in ok if r["samples_per_sec"] >= (1 - tie) * best]
+    return min(close, key=lambda r: (r.get("peak_gb") or 0.0, -r["samples_per_sec"]))
 
 
 def format_table(rows):
