@@ -110,8 +110,9 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True, sp=No
     rows = []
     for strategy in STRATEGIES:
         act = counted["deepspeed" if strategy.startswith("ZERO") else "torch"]
-        # 'selective' keeps the matmul outputs, most of what is saved: planned as without checkpointing (a bound)
-        blocks = 0 if act is None or checkpointing in (False, None, "selective") else \
+        # 'selective': the blocks keep their matmul and attention outputs besides their inputs
+        selective = checkpointing == "selective"
+        blocks = 0 if act is None or checkpointing in (False, None) else \
             _configured_blocks(act, train.activation_class_names)
         replicas = int(mesh.get("dp_replicate_size", 1)) if strategy == configured == "FSDP" else 1
         for count in gpus:
@@ -126,11 +127,11 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True, sp=No
                 n = blocks
                 if checkpointing == "auto" and act is not None:  # the first blocks this card needs (trainer's rule)
                     n = _auto_blocks(act, row, size, accumulation, card_bytes)
-                act_rank = None if act is None else -(-act.with_first_checkpointed(n) // size)
+                act_rank = None if act is None else -(-act.with_first_checkpointed(n, selective) // size)
                 rows.append(dict(strategy=strategy, gpus=count, sp=size,
                                  configured=strategy == configured and size == int(mesh.get("sp_size", 1)),
                                  **row, activations=act_rank, checkpointed_blocks=None if act is None else n,
-                                 **_peak(row, act, n, size, accumulation, card_bytes)))
+                                 **_peak(row, act, n, size, accumulation, card_bytes, selective)))
     return dict(
         config=config if isinstance(config, str) else "config", card=str(card), card_bytes=card_bytes,
         fit_fraction=FIT_FRACTION, mixed_precision=precision, optimizer=optimizer_names,
@@ -184,14 +185,14 @@ def _auto_blocks(act, row, sp, accumulation, card_bytes):
     return choose_blocks(act, states, row["grads"], FIT_FRACTION * card_bytes, accumulation, sp)[0]
 
 
-def _peak(row, act, n, sp, accumulation, card_bytes):
+def _peak(row, act, n, sp, accumulation, card_bytes, selective=False):
     """peak: the states, then gradients and activations as they coexist in backward with the first `n`
-    blocks checkpointed (ActivationCount.backward_peak: the gradients made so far beside the block running
-    its backward, recomputed if checkpointed; with accumulation the whole gradients throughout); without an
-    activation count, the states and gradients. sum: every column added (a bound)."""
+    blocks checkpointed, `selective`ly or not (ActivationCount.backward_peak: the gradients made so far beside
+    the block running its backward, recomputed if checkpointed; with accumulation the whole gradients
+    throughout); without an activation count, the states and gradients. sum: every column added (a bound)."""
     base = sum(v for k, v in row.items() if k != "grads")
-    act_bytes = 0 if act is None else -(-act.with_first_checkpointed(n) // sp)
-    peak = base + (row["grads"] if act is None else act.backward_peak(n, row["grads"], accumulation, sp))
+    act_bytes = 0 if act is None else -(-act.with_first_checkpointed(n, selective) // sp)
+    peak = base + (row["grads"] if act is None else act.backward_peak(n, row["grads"], accumulation, sp, selective))
     fits = peak <= FIT_FRACTION * card_bytes
     return dict(peak=int(peak), sum=int(base + row["grads"] + act_bytes),
                 fits=None if act is None and fits else fits)  # unknown unless the states alone overflow

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..engine.activation_checkpointing import SELECTIVE_SAVED_OPS
 from ..engine.block_classes import parse_class_names, repeated_block_classes
 from ..data import as_stream
 from ..engine.precision import AUTOCAST_DTYPES
@@ -106,19 +107,32 @@ class ActivationCount:
     largest_after_blocks: int = 0                         # the largest save after the last block (the head's)
     per_block_casts: list = field(default_factory=list)   # autocast's copies of each block's trainable weights
     unsaved_casts: list = field(default_factory=list)     # of those, what nothing saves (per block, then outside)
+    per_block_selective: list = field(default_factory=list)  # outputs of the ops "selective" keeps, per block
+    per_block_selective_unsaved: list = field(default_factory=list)  # of those, what autograd does not save
 
-    def with_first_checkpointed(self, n):
+    def with_first_checkpointed(self, n, selective=False):
         """The bytes saved for backward with the first `n` blocks (in run order) checkpointed: their own
-        saves replaced by their inputs and RNG states, plus the largest of them recomputed in backward."""
+        saves replaced by their inputs and RNG states, plus the largest of them recomputed in backward.
+        `selective`: they keep their matmul and attention outputs too, and recompute the rest."""
         if n <= 0 or not self.per_block:
             return self.saved
         n = min(n, len(self.per_block))
-        return (self.saved - sum(self.per_block[:n]) + sum(self.per_block_inputs[:n]) + self.rng_per_block * n
-                + max(self.per_block[:n]))
+        kept = self._kept(n, selective)
+        back = [self.per_block[k] + (self.per_block_selective_unsaved[k] - self.per_block_selective[k]
+                                     if selective else 0) for k in range(n)]
+        return self.saved - sum(self.per_block[:n]) + sum(kept[:n]) + max(back)
 
-    def backward_peak(self, n, grads, accumulation=1, sp=1):
+    def _kept(self, n, selective=False):
+        """What each block holds between its forward and its backward: the first `n` (checkpointed) their
+        inputs and RNG state (and under `selective` their matmul and attention outputs), the rest their saves."""
+        extra = self.per_block_selective if selective else [0] * len(self.per_block)
+        return [self.per_block_inputs[k] + self.rng_per_block + extra[k] if k < n else self.per_block[k]
+                for k in range(len(self.per_block))]
+
+    def backward_peak(self, n, grads, accumulation=1, sp=1, selective=False):
         """The most activations and gradients hold at once (bytes per rank) with the first `n` blocks
-        checkpointed, `grads` the bytes of all gradients on this rank, activations split over `sp` ranks.
+        checkpointed (`selective`: selectively), `grads` the bytes of all gradients on this rank,
+        activations split over `sp` ranks.
         Backward runs the head, then the blocks last to first. In the head's, everything the forward kept is
         held, with the gradient flowing through its largest save (in and out: twice its size). While block k
         runs its backward, the blocks before it hold what they keep (inputs if checkpointed, else their
@@ -128,11 +142,11 @@ class ActivationCount:
         are held throughout."""
         blocks = len(self.per_block)
         if not blocks or not self.trainable_numel:
-            act = self.with_first_checkpointed(n) / sp
+            act = self.with_first_checkpointed(n, selective) / sp
             return int(grads + act if accumulation > 1 else max(grads, act))
         n = max(0, min(n, blocks))
-        rng = self.rng_per_block
-        kept = [self.per_block_inputs[k] + rng if k < n else self.per_block[k] for k in range(blocks)]
+        kept = self._kept(n, selective)
+        unsaved = self.per_block_selective_unsaved if selective else [0] * blocks
         block_grads = [grads * p / self.trainable_numel for p in self.per_block_params]
         whole = grads if accumulation > 1 else 0
         outside = self.saved - sum(self.per_block)
@@ -142,7 +156,8 @@ class ActivationCount:
         end = (self.before_blocks + 2 * self.per_block_outputs[0]) / sp + grads  # block 0's backward done
         peaks, made = [head, end], grads - sum(block_grads)
         for k in reversed(range(blocks)):  # made: the gradients made before block k's backward
-            own = self.per_block[k] + (kept[k] - self.per_block_own_inputs[k] if k < n else 0)
+            own = self.per_block[k] + (self.per_block_inputs[k] + self.rng_per_block - self.per_block_own_inputs[k]
+                                       + unsaved[k] if k < n else 0)
             before = self.before_blocks + sum(kept[:k])
             peaks.append((before + own + 2 * self.per_block_outputs[k]) / sp + (whole or made))
             made += block_grads[k]
@@ -174,8 +189,14 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
     trainable = {_storage_key(p) for p in model.parameters() if p.requires_grad}
     casts = {}  # autocast's cached casts of trainable parameters (held until autocast exits) -> (bytes, block)
 
+    selective = {}  # outputs of the matmuls and attention in the blocks -> (bytes, block)
+
     def on_cast(t):
         casts.setdefault(_storage_key(t), (t.untyped_storage().nbytes(), stack[0] if stack else None))
+
+    def on_selective(t):
+        if stack:
+            selective.setdefault(_storage_key(t), (t.untyped_storage().nbytes(), stack[0]))
 
     def pack(t):
         key = _storage_key(t)
@@ -218,7 +239,7 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
     note = ""
     try:
         with fake_mode, autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                _ParameterCasts(trainable, on_cast):
+                _WatchOps(trainable, on_cast, on_selective):
             trainer.forward_step(batch)
     except Exception as e:
         if not finished or stack:
@@ -245,6 +266,11 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
             block_casts[block] += size
         if key not in seen:
             unsaved_casts[-1 if block is None else block] += size
+    kept_selective, unsaved_selective = [0] * len(per_block), [0] * len(per_block)
+    for key, (size, block) in selective.items():
+        kept_selective[block] += size
+        if key not in seen:
+            unsaved_selective[block] += size
     largest = max(per_block, default=0)
     # torch's checkpoint also keeps the CPU RNG state of each block (to replay its dropout): 5 KB each
     rng_one = torch.get_rng_state().numel()
@@ -253,21 +279,25 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
     return ActivationCount(saved, checkpointed, classes, len(per_block), largest, kept_inputs + rng, note,
                            per_block, per_block_inputs, order, rng_one, before, outputs, own_inputs, block_params,
                            sum(p.numel() for p in model.parameters() if p.requires_grad), after, block_casts,
-                           unsaved_casts)
+                           unsaved_casts, kept_selective, unsaved_selective)
 
 
-class _ParameterCasts(TorchDispatchMode):
-    """Calls `on_cast` with each copy of a parameter (autocast's casts: aten._to_copy of the parameter)."""
+class _WatchOps(TorchDispatchMode):
+    """Calls `on_cast` with each copy of a parameter (autocast's casts: aten._to_copy of the parameter) and
+    `on_selective` with each output of the ops selective checkpointing keeps."""
 
-    def __init__(self, parameters, on_cast):
+    def __init__(self, parameters, on_cast, on_selective):
         super().__init__()
-        self.parameters, self.on_cast = parameters, on_cast
+        self.parameters, self.on_cast, self.on_selective = parameters, on_cast, on_selective
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func is torch.ops.aten._to_copy.default and torch.is_tensor(out) and \
                 _storage_key(args[0]) in self.parameters:
             self.on_cast(out)
+        elif func in SELECTIVE_SAVED_OPS:
+            for t in _tensors(out):
+                self.on_selective(t)
         return out
 
 
