@@ -107,6 +107,7 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True, sp=No
                   "DEEPSPEED": f"ZERO{stage}"}.get(cfg.launch.distributed_type)
     mesh = cfg.launch.get("parallelism_config") or {}
     sp_sizes = sorted(set(sp or ()) | {1, int(mesh.get("sp_size", 1))})
+    auto_budget = _auto_budget(train.get("checkpointing_memory_budget"), card_bytes)
     rows = []
     for strategy in STRATEGIES:
         act = counted["deepspeed" if strategy.startswith("ZERO") else "torch"]
@@ -126,7 +127,7 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True, sp=No
                 row = {k: int(v) for k, v in row.items()}
                 n = blocks
                 if checkpointing == "auto" and act is not None:  # the first blocks this card needs (trainer's rule)
-                    n = _auto_blocks(act, row, size, accumulation, card_bytes)
+                    n = _auto_blocks(act, row, size, accumulation, auto_budget)
                 act_rank = None if act is None else -(-act.with_first_checkpointed(n, selective) // size)
                 rows.append(dict(strategy=strategy, gpus=count, sp=size,
                                  configured=strategy == configured and size == int(mesh.get("sp_size", 1)),
@@ -141,6 +142,7 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True, sp=No
                         trainable_bytes=params.trainable_bytes, buffer_bytes=params.buffer_bytes,
                         by_dtype=params.by_dtype),
         optimizer_state_bytes=optimizer_bytes, activation_checkpointing=checkpointing,
+        checkpointing_budget=int(auto_budget) if checkpointing == "auto" else None,
         activations={engine: None if act is None else dict(vars(act)) for engine, act in counted.items()},
         activations_notes=notes, rows=rows)
 
@@ -177,12 +179,22 @@ def _configured_blocks(act, class_names):
     return n if not any(flags[n:]) else act.blocks
 
 
-def _auto_blocks(act, row, sp, accumulation, card_bytes):
+def _auto_budget(setting, card_bytes):
+    """The budget activation_checkpointing='auto' plans for on the card: train.checkpointing_memory_budget
+    (a fraction of the card or a size, at most the card), unset the card's fit fraction (the trainer's rule
+    with the whole card free)."""
+    from ..engine.activation_checkpointing import memory_budget_bytes
+    if setting is None:
+        return FIT_FRACTION * card_bytes
+    return min(memory_budget_bytes(setting, card_bytes), card_bytes)
+
+
+def _auto_blocks(act, row, sp, accumulation, budget):
     """The blocks activation_checkpointing='auto' checkpoints on this row: the fewest first blocks whose
-    peak fits (trainers/activation_budget.py's rule, with the card's fit fraction as the budget)."""
+    peak fits `budget` (trainers/activation_budget.py's rule)."""
     from ..trainers.activation_budget import choose_blocks
     states = sum(v for k, v in row.items() if k != "grads")
-    return choose_blocks(act, states, row["grads"], FIT_FRACTION * card_bytes, accumulation, sp)[0]
+    return choose_blocks(act, states, row["grads"], budget, accumulation, sp)[0]
 
 
 def _peak(row, act, n, sp, accumulation, card_bytes, selective=False):
