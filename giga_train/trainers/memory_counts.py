@@ -172,8 +172,9 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
     With checkpointing of a block class (train.activation_class_names, else the classes repeated in a
     ModuleList), a block keeps only its inputs and recomputes its own saved tensors in backward, one block
     at a time: checkpointed = saved - sum(block saves) + block inputs and RNG states + the largest block save.
-    Not counted: temporaries of the forward and backward kernels, the loss's gradient buffers, allocator
-    fragmentation."""
+    What backward holds at once (with the gradients) is ActivationCount.backward_peak. Not counted: the
+    kernels' own workspaces, gradient temporaries inside a block beyond the one flowing through it,
+    allocator fragmentation."""
     model = build(fake_mode)
     if engine_dtype is not None:
         with fake_mode:
