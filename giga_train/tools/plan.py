@@ -241,9 +241,14 @@ def format_plan(result):
         if act is None:
             lines.append(f"activations, {where}: {result['activations_notes'][engine]}")
             continue
+        selective = ""
+        if result["activation_checkpointing"] == "selective":
+            from ..trainers.memory_counts import ActivationCount
+            kept = ActivationCount(**act).with_first_checkpointed(act["blocks"], selective=True)
+            selective = f" ({size(kept)} {unit} selectively)"
         lines.append(f"activations per micro-batch, {where}: {size(act['saved'])} {unit} saved for backward,"
                      f" {size(act['checkpointed'])} {unit} with {act['blocks']} blocks of"
-                     f" {', '.join(act['block_classes']) or 'no class'} checkpointed"
+                     f" {', '.join(act['block_classes']) or 'no class'} checkpointed{selective}"
                      f" (train.activation_checkpointing={result['activation_checkpointing']})"
                      + (f"; {act['note']}" if act["note"] else ""))
     lines.append(f"per GPU, {unit} (*: the config's strategy); peak: states + the gradients and activations held at"
