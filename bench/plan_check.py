@@ -1,7 +1,7 @@
 """`giga-train plan` against the peaks the benches measured (`torch.cuda.max_memory_allocated` on one H200):
 one line per measured bf16 row of the giga path of the throughput bench (bench/throughput*.json, Llama
-shapes), then one per measured Wan2.2-5B row (bench/video_speed.json: 480x832x49, NO + CAME8Bit, the rows'
-own train settings; bench/sequence_parallel.json: its one-GPU row, 1280x704x121 under FSDP2).
+shapes), then one per measured Wan2.2-5B row (bench/video_speed*.json: NO + CAME8Bit at the file's shape,
+the rows' own train settings; bench/sequence_parallel.json: its one-GPU row, 1280x704x121 under FSDP2).
 
     python3 bench/plan_check.py [--json bench/throughput.json ...] [--wan-json bench/video_speed.json ...]
         [--only llama|wan]
@@ -21,7 +21,8 @@ sys.path.insert(0, ROOT)
 
 from giga_train.tools.plan import plan  # noqa: E402
 
-WAN_JSON = [os.path.join(ROOT, "bench", name) for name in ("video_speed.json", "sequence_parallel.json")]
+WAN_JSON = [os.path.join(ROOT, "bench", name)
+            for name in ("video_speed.json", "video_speed_720p.json", "sequence_parallel.json")]
 PLAN_ROW = {"NO": "NO", "FSDP2": "FSDP", "ZeRO-2": "ZERO2"}
 
 
@@ -74,8 +75,9 @@ def wan_rows(paths):
                     continue
                 spec = dict(strategy="FSDP2", frames=row["frames"], height=meta.get("height", 704),
                             width=meta.get("width", 1280), setting="checkpointing every block (FSDP2, 1 GPU)")
-            else:
-                spec = dict(strategy=row.get("strategy", "NO"), frames=row["frames"], height=480, width=832,
+            else:  # bench/video_speed.py: its meta names the shape (480x832 before it took --height/--width)
+                spec = dict(strategy=row.get("strategy", "NO"), frames=row["frames"],
+                            height=meta.get("height", 480), width=meta.get("width", 832),
                             setting=row.get("setting", ""))
             spec.update(optimizer=row.get("optimizer", "CAME8Bit"), train=train, device="cpu", tiny=False,
                         steps=2, text_shape=(512, 4096))
