@@ -26,19 +26,21 @@ def device_memory(device):
     return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
 
 
-def peak_bytes(states, grads, activations, accumulation):
-    """plan's peak: backward frees activations while it makes gradients, unless accumulating."""
-    return states + (grads + activations if accumulation > 1 else max(grads, activations))
+def peak_bytes(count, n, states, grads, accumulation=1, sp=1):
+    """plan's peak with the first `n` blocks checkpointed: the states, then the gradients and activations
+    backward holds at once (ActivationCount.backward_peak: the block recomputed beside the gradients made
+    so far)."""
+    return states + count.backward_peak(n, grads, accumulation, sp)
 
 
-def choose_blocks(count, states, grads, budget, accumulation=1):
+def choose_blocks(count, states, grads, budget, accumulation=1, sp=1):
     """The smallest number of first blocks to checkpoint whose peak fits `budget` (every block if none fits),
     and the peak it plans."""
     for n in range(count.blocks + 1):
-        peak = peak_bytes(states, grads, count.with_first_checkpointed(n), accumulation)
+        peak = peak_bytes(count, n, states, grads, accumulation, sp)
         if peak <= budget:
             return n, peak
-    return count.blocks, peak_bytes(states, grads, count.with_first_checkpointed(count.blocks), accumulation)
+    return count.blocks, peak_bytes(count, count.blocks, states, grads, accumulation, sp)
 
 
 def class_limits(count, n):
