@@ -7,7 +7,8 @@ EMA's with --ema), and written by its library's own save_pretrained: config.json
 file names, sharded safetensors with an index above --max-shard-size.
 - transformers / diffusers models: their save_pretrained; a ModuleDict: one folder per member;
 - a peft.PeftModel (LoRA...): adapter_config.json + adapter_model.safetensors only, which
-  PeftModel.from_pretrained(base, folder) loads; --merged also writes the merged model under merged/.
+  PeftModel.from_pretrained(base, folder) loads; --merged also writes the merged model under merged/ (a
+  base without save_pretrained: its weights, merged/diffusion_pytorch_model.safetensors, for its load_state_dict).
 Anything else has no such format: `giga-train convert --to full` writes its weights."""
 import inspect
 import json
@@ -20,6 +21,7 @@ import torch
 
 from .convert import read_weights
 from ..checkpoint.out_folder import written_folder
+from ..checkpoint.formats.weights import SAFETENSORS_WEIGHTS_NAME, write_tensors
 from ..errors import ConfigError
 from ..module_dict import ModuleDict
 
@@ -113,7 +115,11 @@ def save(module, folder, max_shard_size, merged=False):
         module.save_pretrained(folder, safe_serialization=True)  # the adapters only, with adapter_config.json
         if merged:
             base = module.merge_and_unload()
-            _save_pretrained(base, os.path.join(folder, "merged"), max_shard_size)
+            if callable(getattr(base, "save_pretrained", None)):
+                _save_pretrained(base, os.path.join(folder, "merged"), max_shard_size)
+            else:  # a plain nn.Module: its merged weights, which its own load_state_dict reads
+                os.makedirs(os.path.join(folder, "merged"))
+                write_tensors(os.path.join(folder, "merged", SAFETENSORS_WEIGHTS_NAME), base.state_dict())
         return
     _save_pretrained(module, folder, max_shard_size)
 

@@ -8,6 +8,8 @@
       model.safetensors   with EMA: the live weights, keys of the whole model (GigaTrain leaves them to
                      Accelerate's file of this name, safetensors by default; its member folders then hold
                      only EMA). Resume reads them; tools read the folders.
+A member that is a PEFT adapter (adapters.py) holds PEFT's adapter files in `<name>/` and `<name>_ema/`, with
+EMA too (no root file then), and its shards (below) only the adapter's tensors.
 
 With launch.fsdp_config.fsdp_state_dict_type='SHARDED_STATE_DICT' (FSDP) no rank gathers the model: each
 writes its own shards into `model_dcp/` (and `ema_dcp/` with EMA), torch.distributed.checkpoint folders
@@ -51,11 +53,12 @@ def layout_meta(module, model_name, ema, sharded=False):
     """meta.json's `layout`: {folder: key prefix} and where the live weights are (for reading back and
     for the finiteness check of rotation); `sharded`: the weights are in MODEL_SHARDS (and EMA_SHARDS)."""
     folders = {folder: prefix for folder, prefix, _ in model_folders(module, model_name)}
+    adapters = adapter_layout((f, m) for f, _, m in model_folders(module, model_name))  # PEFT's: adapters.py
     if sharded:
-        return dict(models=folders, live=[MODEL_SHARDS], sharded=True)
-    layout = dict(models=folders, live=[LIVE_WITH_EMA] if ema else sorted(folders))
-    adapters = {} if ema else adapter_layout((f, m) for f, _, m in model_folders(module, model_name))
-    return dict(layout, adapters=adapters) if adapters else layout  # PEFT adapters: adapters.py
+        layout = dict(models=folders, live=[MODEL_SHARDS], sharded=True)
+    else:  # with adapters the live weights stay in the member folders, EMA or not (write_live)
+        layout = dict(models=folders, live=[LIVE_WITH_EMA] if ema and not adapters else sorted(folders))
+    return dict(layout, adapters=adapters) if adapters else layout
 
 
 def is_sharded(meta):
@@ -134,8 +137,9 @@ def live_weights(meta):
 
 
 def write_live(root, module, state, model_name, ema, safe):
-    """The live weights: the model folders, or (with EMA, as GigaTrain) one file at the root."""
-    if ema:
+    """The live weights: the model folders, or (with EMA, as GigaTrain) one file at the root; a model with PEFT
+    adapters keeps its folders (an adapter's own, as without EMA), EMA or not."""
+    if ema and not adapter_layout((f, m) for f, _, m in model_folders(module, model_name)):
         write_tensors(os.path.join(root, LIVE_WITH_EMA), state, safe=True)
     else:
         write_model_folders(root, module, state, model_name, safe)
@@ -147,7 +151,7 @@ def write_model_folders(root, module, state, model_name, safe, suffix=""):
         path = os.path.join(root, folder + suffix)
         os.makedirs(path, exist_ok=True)
         part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-        if not suffix and adapter_keys(member) is not None:  # the adapter alone (adapters.py)
+        if adapter_keys(member) is not None:  # the adapter alone (adapters.py), its EMA too
             write_adapter(path, member, part, write_tensors)
             continue
         write_config(path, member)
@@ -228,7 +232,7 @@ def read_weights(checkpoint, meta=None, ema=False):
     state, adapters = {}, layout.get("adapters") or {}
     for folder, prefix in layout["models"].items():
         part = load_state_dict(os.path.join(checkpoint, folder + (EMA_SUFFIX if ema else "")))
-        if folder in adapters and not ema:  # the adapter only (adapters.py): the base is get_models'
+        if folder in adapters:  # the adapter only (adapters.py): the base is get_models'
             state.update(model_keys(part, adapters[folder]["keys"], prefix))
             continue
         state.update({prefix + k: v for k, v in part.items()})
