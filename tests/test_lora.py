@@ -26,13 +26,14 @@ ZERO2 = dict(deepspeed_config=dict(deepspeed_config_file="zero2.json"))
 ADAPTER_FILES = ["adapter_config.json", "adapter_model.safetensors"]
 
 
-def lora_job(project, base, kind="NO", ranks=1, launch=None, config_block=False, **train):
-    """4 steps, a checkpoint every 2; `config_block`: train.lora around BaseTrainer's base, else LoraTrainer's
-    own get_peft_model."""
+def lora_job(project, base, kind="NO", ranks=1, launch=None, config_block=False, runner=None, **train):
+    """4 steps, a checkpoint every 2; `config_block`: train.lora (LoRA's, unless given) around BaseTrainer's
+    base (or `runner`'s), else LoraTrainer's own get_peft_model."""
     if config_block:
-        train["lora"] = lora_section(base)
+        train.setdefault("lora", lora_section(base))
     cfg = job(project, kind, ranks, launch=launch, **dict(dict(max_steps=4, checkpoint_interval=2), **train))
-    cfg["runners"] = ["tests.tiny_lora.BaseTrainer" if config_block else "tests.tiny_lora.LoraTrainer"]
+    runner = runner or ("BaseTrainer" if config_block else "LoraTrainer")
+    cfg["runners"] = [f"tests.tiny_lora.{runner}"]
     return cfg
 
 
@@ -58,7 +59,7 @@ def assert_adapter_only(state):
 CASES = dict(  # (distributed_type, ranks, launch, config_block, with_ema)
     NO=("NO", 1, None, True, True),
     DDP=("DDP", 2, None, False, False),
-    FSDP2=("FSDP", 2, FSDP2, True, True),
+    # SHARDED_STATE_DICT writes the folders FULL_STATE_DICT writes for a model of adapters alone: one case for both
     FSDP2_sharded=("FSDP", 2, SHARDED, True, True),
     ZeRO2=("DEEPSPEED", 2, ZERO2, False, False),
 )
@@ -71,11 +72,10 @@ def test_adapter_checkpoints_are_small_and_resume_exactly(tmp_path, monkeypatch,
     meta = json.load(open(os.path.join(last, "meta.json")))
     adapters = meta["layout"]["adapters"]["model"]
     assert adapters["base"] == str(tmp_path / "base.pt") and adapters["base_class"].endswith("CharLM")
-    if case == "FSDP2_sharded":  # each rank's shards of the adapter alone (no model folders)
-        assert not os.path.exists(os.path.join(last, "model")) and os.path.isdir(os.path.join(last, "ema_dcp"))
-    else:
-        assert sorted(os.listdir(os.path.join(last, "model"))) == ADAPTER_FILES
-        assert not ema or sorted(os.listdir(os.path.join(last, "model_ema"))) == ADAPTER_FILES
+    # SHARDED_STATE_DICT too: the adapter alone is gathered and written in PEFT's format, no shards of the model
+    assert not meta["layout"].get("sharded") and not os.path.exists(os.path.join(last, "model_dcp"))
+    assert sorted(os.listdir(os.path.join(last, "model"))) == ADAPTER_FILES
+    assert not ema or sorted(os.listdir(os.path.join(last, "model_ema"))) == ADAPTER_FILES
     # the whole checkpoint (optimizer state, RNG, DeepSpeed's own files...) against the base's weights alone
     assert folder_bytes(last) < 0.1 * os.path.getsize(tmp_path / "base.pt")
     got, expected = read_weights(resumed), read_weights(last)
@@ -155,3 +155,17 @@ def test_config_block_names_the_module_dict_member():
 def check_section(**lora):
     from giga_train.schema.lora import check_lora
     return check_lora(lora)
+
+
+def test_sharded_module_dict_holds_the_adapter_and_the_other_member(tmp_path, monkeypatch):
+    """SHARDED_STATE_DICT with train.lora on one ModuleDict member: the shards hold that member's adapter and the
+    other member whole (not the base), the EMA's too; resume exact (FSDP2, one rank)."""
+    last, resumed = straight_and_resumed(tmp_path, monkeypatch, "FSDP", 1, SHARDED, True, "DictTrainer",
+                                         with_ema=True, lora=dict(lora_section(tmp_path / "base.pt"), model="lm"))
+    meta = json.load(open(os.path.join(last, "meta.json")))
+    assert meta["layout"]["sharded"] and list(meta["layout"]["adapters"]) == ["lm"]
+    for ema in (False, True):
+        got, expected = read_weights(resumed, ema=ema), read_weights(last, ema=ema)
+        assert sorted(k for k in expected if not k.startswith("lm.")) == ["aux.bias", "aux.weight"]
+        assert_adapter_only({k: v for k, v in expected.items() if k.startswith("lm.")})
+        assert_same_weights(got, expected, rtol=0, atol=0)

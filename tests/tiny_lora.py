@@ -6,6 +6,7 @@ import os
 import torch
 
 from examples.char_lm.model import CharLM
+from giga_train import ModuleDict
 from tests.tiny import TinyTrainer
 
 BASE = dict(vocab_size=256, block_size=16, dim=128, layers=2, heads=2, dropout=0.0)
@@ -47,3 +48,16 @@ class BaseTrainer(LoraTrainer):
     def get_models(self, model_config):
         self.losses = []
         return load_base()
+
+
+class DictTrainer(LoraTrainer):
+    """A ModuleDict: the base (`lm`, which train.lora adapts by name) and a small head trained whole (`aux`)."""
+
+    def get_models(self, model_config):
+        self.losses = []
+        return ModuleDict(lm=load_base(), aux=torch.nn.Linear(1, 1))
+
+    def forward_step(self, batch_dict):
+        lm = self.model("lm", tokens=batch_dict["tokens"], targets=batch_dict["targets"])
+        aux = self.model("aux", batch_dict["tokens"].float()[..., None] / 256)
+        return {"lm": lm, "aux": 0.1 * aux.pow(2).mean()}

@@ -20,7 +20,7 @@ from ..errors import TrainingStopped
 from .async_writer import AsyncWriter
 from .formats.model_layout import (EMA_SUFFIX, SHARDS_KEY, is_sharded, layout_meta, model_folders, read_weights,
                                    shards_folder, write_live, write_model_folders, write_shards)
-from .formats.adapters import check_adapter_fit, only, saved_keys
+from .formats.adapters import all_adapters, check_adapter_fit, only, saved_keys
 from .manager import CheckpointManager, disk_error, free_bytes, read_meta
 from .formats.full_state import deepspeed_meta, read_dcp, read_deepspeed
 from .safe_unpickle import load_dcp
@@ -81,7 +81,7 @@ class Checkpointer:
         state into host memory."""
         self.wait()  # at most one save in flight: its error surfaces here
         meta = dict(meta, layout=layout_meta(self.strategy.unwrap(), self.model_name, self.ema is not None,
-                                             sharded=self.strategy.sharded_checkpoints))
+                                             sharded=self.sharded))
         tmp = self.folders.tmp_path(epoch, step)
         try:
             start = time.perf_counter()
@@ -135,7 +135,7 @@ class Checkpointer:
         write(taken) only writes files into `tmp` (in a thread with checkpoint_async; `process_group`
         for write_state's collectives). One list for both modes: their files are the same."""
         strategy, join = self.strategy, os.path.join
-        if strategy.sharded_checkpoints:  # each rank writes its own shards: no gather of the model
+        if self.sharded:  # each rank writes its own shards: no gather of the model
             parts = [(lambda: self.model_shards(copy=copy),
                       lambda state: write_shards(shards_folder(tmp), state, process_group))]
             if self.ema is not None:
@@ -180,6 +180,15 @@ class Checkpointer:
         """This rank's shards of the model state (or of `state`), for write_shards; `copy`: host copies."""
         state = only(self.strategy.model_shards(state), self.saved_keys())
         return host_copy(state, pinned=self.strategy.device.type == "cuda") if copy else state
+
+    @property
+    def sharded(self):
+        """Whether the model goes into each rank's shards (fsdp_state_dict_type='SHARDED_STATE_DICT'): not when
+        every member is a PEFT adapter, whose tensors alone are gathered (they are small; the base never is) and
+        written in PEFT's format, loadable as they are. A ModuleDict that also has other members is sharded, the
+        adapters' tensors alone for theirs."""
+        return self.strategy.sharded_checkpoints and not all_adapters(model_folders(self.strategy.unwrap(),
+                                                                                    self.model_name))
 
     def saved_keys(self):
         """The model's keys a checkpoint holds: with PEFT adapters, theirs (not the frozen base); else None (all)."""

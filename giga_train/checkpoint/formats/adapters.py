@@ -1,10 +1,11 @@
 """PEFT adapters in checkpoints: a model member that is a peft.PeftModel whose trainable parameters are all
 its adapter's (LoRA...) is saved as the adapter only, in PEFT's own format (adapter_model.safetensors +
-adapter_config.json, which PeftModel.from_pretrained(base, folder) reads), its EMA too (`<name>_ema/`);
-with fsdp_state_dict_type='SHARDED_STATE_DICT' the adapter's tensors alone go into the shards. meta.json's
-layout records, per such folder, the base it adapts (base_model_name_or_path, and the base's class) and
-which model key each adapter key is. Resume loads them into the model get_models rebuilt (its frozen base
-from its own folder); the base's weights are never gathered nor written. Anything else is saved whole."""
+adapter_config.json, which PeftModel.from_pretrained(base, folder) reads), its EMA too (`<name>_ema/`), also
+with fsdp_state_dict_type='SHARDED_STATE_DICT' (in a ModuleDict that has other members too, the shards hold
+the adapter's tensors alone). meta.json's layout records, per such folder, the base it adapts
+(base_model_name_or_path, and the base's class) and which model key each adapter key is. Resume loads them
+into the model get_models rebuilt (its frozen base from its own folder); the base's weights are never
+gathered nor written. Anything else is saved whole."""
 import sys
 
 import torch
@@ -24,7 +25,9 @@ def adapter_keys(module):
     # the state dict's names (activation checkpointing's wrapper is in named_parameters' only)
     names = [name.replace(WRAPPED, "") for name, p in module.named_parameters() if p.requires_grad]
     tagged = {name: torch.tensor(i) for i, name in enumerate(names)}  # PEFT renames and filters the keys
-    adapter = peft.get_peft_model_state_dict(module, state_dict=tagged)
+    # save_embedding_layers: the frozen embeddings peft may add are not trainable, so never among `tagged` (its
+    # 'auto' looks for the base's config.json at every call and warns when that is not a transformers folder)
+    adapter = peft.get_peft_model_state_dict(module, state_dict=tagged, save_embedding_layers=False)
     if not names or len(adapter) != len(names):
         return None  # a trainable base weight too (or nothing trainable): the whole model
     return {key: names[int(index)] for key, index in adapter.items()}
@@ -53,6 +56,11 @@ def saved_keys(members):
         adapted = adapted or names is not None
         keys += [prefix + k for k in (member.state_dict() if names is None else names.values())]
     return set(keys) if adapted else None
+
+
+def all_adapters(members):
+    """Whether every one of `members` (model_folders') saves as an adapter."""
+    return all(adapter_keys(member) is not None for _, _, member in members)
 
 
 def only(state, keys):

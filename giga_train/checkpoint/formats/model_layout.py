@@ -9,7 +9,7 @@
                      Accelerate's file of this name, safetensors by default; its member folders then hold
                      only EMA). Resume reads them; tools read the folders.
 A member that is a PEFT adapter (adapters.py) holds PEFT's adapter files in `<name>/` and `<name>_ema/`, with
-EMA too (no root file then), and its shards (below) only the adapter's tensors.
+EMA too (no root file then), also under SHARDED_STATE_DICT (below) when every member is one.
 
 With launch.fsdp_config.fsdp_state_dict_type='SHARDED_STATE_DICT' (FSDP) no rank gathers the model: each
 writes its own shards into `model_dcp/` (and `ema_dcp/` with EMA), torch.distributed.checkpoint folders
