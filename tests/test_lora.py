@@ -90,13 +90,13 @@ def test_adapter_checkpoints_are_small_and_resume_exactly(tmp_path, monkeypatch,
 
 def test_config_block_is_get_peft_model_and_exports(tmp_path, monkeypatch):
     """train.lora trains the weights a hand-made get_peft_model trains, to the bit; export writes PEFT's adapter
-    and the merged model: the base's qkv plus alpha / rank * B @ A."""
+    and the merged model: the base's qkv plus alpha / rank * B @ A; --ema the average's adapter."""
     from giga_train.tools.export import export
     base = tmp_path / "base.pt"
     monkeypatch.setenv("GT_LORA_BASE", str(base))
     write_base(base)
     for name, block in (("hand", False), ("block", True)):
-        launch_from_config(lora_job(tmp_path / name, base, config_block=block, max_steps=2))
+        launch_from_config(lora_job(tmp_path / name, base, config_block=block, max_steps=2, with_ema=True))
     (_, hand), = list_checkpoints(str(tmp_path / "hand" / "models"))
     (_, block), = list_checkpoints(str(tmp_path / "block" / "models"))
     adapter = read_weights(block)
@@ -107,6 +107,12 @@ def test_config_block_is_get_peft_model_and_exports(tmp_path, monkeypatch):
     start = torch.load(base, weights_only=True)
     a, b = (adapter[f"base_model.model.blocks.0.qkv.lora_{x}.default.weight"] for x in "AB")
     torch.testing.assert_close(merged["blocks.0.qkv.weight"], start["blocks.0.qkv.weight"] + 8 / 4 * b @ a)
+    out = export(block, str(tmp_path / "export_ema"), ema=True)
+    exported, saved = (read_weights_file(os.path.join(folder, ADAPTER_FILES[1])) for folder in
+                       (out, os.path.join(block, "model_ema")))
+    assert_same_weights(exported, saved, rtol=0, atol=0)
+    assert not all(torch.equal(v, read_weights_file(os.path.join(block, "model", ADAPTER_FILES[1]))[k])
+                   for k, v in saved.items())  # the average, not the live adapter
 
 
 def read_weights_file(folder):
@@ -150,6 +156,8 @@ def test_config_block_names_the_module_dict_member():
                       check_section(target_modules=["qkv"], model=model))
     with pytest.raises(ConfigError, match="train.lora.target_modules: peft's get_peft_model refuses it for the model"):
         with_lora(CharLM(**BASE), check_section(target_modules=["nowhere"]))
+    with pytest.raises(ConfigError, match="train.lora: the model is already a peft.PeftModel"):
+        with_lora(with_lora(CharLM(**BASE), check_section(target_modules=["qkv"])), check_section(target_modules=["qkv"]))
 
 
 def check_section(**lora):

@@ -9,22 +9,24 @@ from ..errors import ConfigError
 from ..registry import did_you_mean
 from .keys import Key, _fill, _list_of, _positive
 
+def _check_model(value):
+    return None if isinstance(value, str) else _list_of(str, "a member name")(value)
+
+
+def _check_dropout(value):
+    return None if 0 <= value < 1 else f"must be in [0, 1), got {value!r}"
+
+
 LORA = dict(
-    # module names (each matched as a name suffix, as peft does) or one regex string; None: peft's own list for
-    # the transformers architectures it knows
     target_modules=Key(None, (list, tuple, str), check=lambda v: _check_targets(v)),
     rank=Key(8, int, min=1),  # the adapter's rank (peft's r)
     alpha=Key(8, numbers.Real, check=_positive),  # the update is scaled by alpha / rank (peft's lora_alpha)
-    dropout=Key(0.0, numbers.Real, check=lambda v: None if 0 <= v < 1 else f"must be in [0, 1), got {v!r}"),
-    # modules trained whole beside the adapter (a new head...): saved with it in adapter_model.safetensors
-    modules_to_save=Key(None, (list, tuple), check=_list_of(str, "a module name")),
-    # the model to adapt: None, the one get_models returns (or a ModuleDict's only member); a ModuleDict
-    # member's name, or a list of them
-    model=Key(None, (str, list, tuple), check=lambda v: None if isinstance(v, str) else _list_of(str, "a member name")(v)),
-    # the base recorded in checkpoints (adapter_config.json's base_model_name_or_path, meta.json): its folder or
-    # hub id; None: peft's, the model's name_or_path (transformers, diffusers); write it for other models
+    dropout=Key(0.0, numbers.Real, check=_check_dropout),  # on the adapter's input (peft's lora_dropout)
+    modules_to_save=Key(None, (list, tuple), check=_list_of(str, "a module name")),  # trained whole, in the adapter
+    model=Key(None, (str, list, tuple), check=_check_model),
     base=Key(None, str),
 )
+# What target_modules, model and base mean: scripts/config_reference.py's MEANINGS (docs/config.md).
 
 # peft's names for our keys: refused with ours named (one name per meaning)
 PEFT_NAMES = dict(r="rank", lora_alpha="alpha", lora_dropout="dropout", base_model_name_or_path="base")
