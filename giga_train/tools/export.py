@@ -1,15 +1,10 @@
 """`giga-train export CHECKPOINT --to hf [--out DIR] [--ema] [--config CFG] [--max-shard-size 5GB] [--merged]`:
 a checkpoint's model as folders that `from_pretrained` opens, whichever strategy and world size wrote it.
 
-The model is rebuilt by the run's own get_models (the config.json the run saved in its project folder, or
---config) on the meta device, given the checkpoint's whole weights (DeepSpeed's fp32 masters, or the
-EMA's with --ema), and written by its library's own save_pretrained: config.json and the library's weight
-file names, sharded safetensors with an index above --max-shard-size.
-- transformers / diffusers models: their save_pretrained; a ModuleDict: one folder per member;
-- a peft.PeftModel (LoRA...): adapter_config.json + adapter_model.safetensors only, which
-  PeftModel.from_pretrained(base, folder) loads; --merged also writes the merged model under merged/ (a
-  base without save_pretrained: its weights, merged/diffusion_pytorch_model.safetensors, for its load_state_dict).
-Anything else has no such format: `giga-train convert --to full` writes its weights."""
+The run's own get_models rebuilds the model on the meta device, the checkpoint's whole weights go in, and its
+library's save_pretrained writes it (a ModuleDict: one folder per member; a peft.PeftModel: the adapters,
+`--merged` adds the merged model, as weights for a base without save_pretrained). Anything else: `giga-train
+convert --to full` (docs/checkpoints.md)."""
 import inspect
 import json
 import itertools

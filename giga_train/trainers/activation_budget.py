@@ -1,13 +1,8 @@
 """train.activation_checkpointing="auto": checkpoint only as many blocks as the memory budget needs.
 
-The activations are counted as `plan` counts them (memory_counts.count_activations: autograd's saved tensors
-of one forward_step on fake tensors, block by block); the states (weights, gradients, the optimizer's state
-after one step of the config's own optimizer on the meta device) as plan does for one process holding them
-whole, so a sharded run is planned conservatively. The peak is plan's: states + max(gradients, activations),
-+ both when accumulating. The budget is train.checkpointing_memory_budget (a fraction of the device's memory
-or a size), never more than the memory free now (torch.cuda.mem_get_info) plus what this process holds;
-unset, 88% of that (plan's fit fraction: the rest for kernel temporaries and fragmentation). The first N
-blocks in run order are checkpointed, with the smallest N whose peak fits ("Class__##__N")."""
+The first N blocks in run order are checkpointed ("Class__##__N"), with the smallest N whose peak, counted as
+`plan` counts it (memory_counts), fits train.checkpointing_memory_budget (docs/performance.md, "Activation
+checkpointing by memory budget")."""
 import logging
 import os
 

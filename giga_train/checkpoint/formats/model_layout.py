@@ -1,23 +1,10 @@
 """GigaTrain's model layout inside a checkpoint folder, and reading the weights back from it.
 
-    checkpoint_epoch_E_step_S/
-      <name>/        one folder per ModuleDict member (a single model: the trainer's `model_name`, default
-                     'model'): config.json when the module can write one, and its weights under the file name
-                     of its kind, so that diffusers' and transformers' `from_pretrained` read the folder
-      <name>_ema/    with EMA: the same for the averaged weights (ema_config.json beside them)
-      model.safetensors   with EMA: the live weights, keys of the whole model (GigaTrain leaves them to
-                     Accelerate's file of this name, safetensors by default; its member folders then hold
-                     only EMA). Resume reads them; tools read the folders.
-A member that is a PEFT adapter (adapters.py) holds PEFT's adapter files in `<name>/` and `<name>_ema/`, with
-EMA too (no root file then), also under SHARDED_STATE_DICT (below) when every member is one.
-
-With launch.fsdp_config.fsdp_state_dict_type='SHARDED_STATE_DICT' (FSDP) no rank gathers the model: each
-writes its own shards into `model_dcp/` (and `ema_dcp/` with EMA), torch.distributed.checkpoint folders
-keyed by the whole model's names, and there are no model folders; resume (any world size, any strategy),
-`giga-train export` and `convert` read them (read_weights).
-
-meta.json's `layout` records the folders and their key prefixes, so a checkpoint reads back without the
-model that wrote it; checkpoints written before (no `layout`: `model/`, `model_ema/`) still read."""
+One folder per ModuleDict member that `from_pretrained` reads (`<name>_ema/` with EMA, the live weights then
+in `model.safetensors` at the root), or under FSDP's SHARDED_STATE_DICT each rank's shards in `model_dcp/`
+(`ema_dcp/`); a PEFT adapter member: PeftModel's own files in its folders (adapters.py). meta.json's `layout`
+records the folders and their key prefixes, so a checkpoint reads back without the model that wrote it
+(docs/checkpoints.md)."""
 import copy
 import json
 import os
