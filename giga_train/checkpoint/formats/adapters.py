@@ -1,11 +1,7 @@
-"""PEFT adapters in checkpoints: a model member that is a peft.PeftModel whose trainable parameters are all
-its adapter's (LoRA...) is saved as the adapter only, in PEFT's own format (adapter_model.safetensors +
-adapter_config.json, which PeftModel.from_pretrained(base, folder) reads), its EMA too (`<name>_ema/`), also
-with fsdp_state_dict_type='SHARDED_STATE_DICT' (in a ModuleDict that has other members too, the shards hold
-the adapter's tensors alone). meta.json's layout records, per such folder, the base it adapts
-(base_model_name_or_path, and the base's class) and which model key each adapter key is. Resume loads them
-into the model get_models rebuilt (its frozen base from its own folder); the base's weights are never
-gathered nor written. Anything else is saved whole."""
+"""PEFT adapters in checkpoints: a peft.PeftModel member whose trainable parameters are all its adapter's is
+saved as the adapter alone, in PEFT's format (its EMA too), meta.json naming the base and mapping the keys;
+resume loads it into the model get_models rebuilt. The base is never gathered nor written (docs/guide.md,
+"LoRA")."""
 import sys
 
 import torch
