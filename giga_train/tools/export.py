@@ -3,7 +3,8 @@ a checkpoint's model as folders that `from_pretrained` opens, whichever strategy
 
 The run's own get_models rebuilds the model on the meta device, the checkpoint's whole weights go in, and its
 library's save_pretrained writes it (a ModuleDict: one folder per member; a peft.PeftModel: the adapters,
-`--merged` adds the merged model). Anything else: `giga-train convert --to full` (docs/checkpoints.md)."""
+`--merged` adds the merged model, as weights for a base without save_pretrained). Anything else: `giga-train
+convert --to full` (docs/checkpoints.md)."""
 import inspect
 import json
 import itertools
@@ -15,6 +16,7 @@ import torch
 
 from .convert import read_weights
 from ..checkpoint.out_folder import written_folder
+from ..checkpoint.formats.weights import SAFETENSORS_WEIGHTS_NAME, write_tensors
 from ..errors import ConfigError
 from ..module_dict import ModuleDict
 
@@ -108,7 +110,11 @@ def save(module, folder, max_shard_size, merged=False):
         module.save_pretrained(folder, safe_serialization=True)  # the adapters only, with adapter_config.json
         if merged:
             base = module.merge_and_unload()
-            _save_pretrained(base, os.path.join(folder, "merged"), max_shard_size)
+            if callable(getattr(base, "save_pretrained", None)):
+                _save_pretrained(base, os.path.join(folder, "merged"), max_shard_size)
+            else:  # a plain nn.Module: its merged weights, which its own load_state_dict reads
+                os.makedirs(os.path.join(folder, "merged"))
+                write_tensors(os.path.join(folder, "merged", SAFETENSORS_WEIGHTS_NAME), base.state_dict())
         return
     _save_pretrained(module, folder, max_shard_size)
 
