@@ -297,3 +297,23 @@ def test_came8bit_state_of_a_wide_convolution_becomes_our_factors():
     ours.step()
     assert float(ours.state[conv.weight]["step"]) == 6 and torch.isfinite(conv.weight).all()
     assert not torch.equal(conv.weight, before)
+
+
+def test_a_gigatrain_folder_that_does_not_fit_the_model_is_one_line_and_left_as_it_was(tmp_path, monkeypatch):
+    """A GigaTrain checkpoint of another model shape (hidden 8 against the config's 16): one line naming the
+    folder before any step, as for our own checkpoints, and the folder untouched."""
+    from giga_train import launch_from_config
+    from tests.reference import record
+    folder = str(tmp_path / "moved" / "checkpoint_epoch_1_step_2")
+    fake_gigatrain_folder(folder)
+    before = {name: os.path.getmtime(os.path.join(folder, name)) for name in os.listdir(folder)}
+    monkeypatch.syspath_prepend(record.HERE)
+    cfg = record.base_config(str(tmp_path / "project"))
+    cfg["runners"] = cfg["runners"][:1]
+    cfg["models"]["hidden"] = 16
+    cfg["train"]["resume"] = folder
+    with pytest.raises(ConfigError) as info:
+        launch_from_config(cfg)
+    message = str(info.value)
+    assert folder in message and "\n" not in message
+    assert {n: os.path.getmtime(os.path.join(folder, n)) for n in os.listdir(folder)} == before

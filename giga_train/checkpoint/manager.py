@@ -29,7 +29,7 @@ def checkpoint_name(epoch, step):
 
 def is_complete(path):
     """A checkpoint folder's name, and a meta.json that reads as a JSON object (written last)."""
-    return NAME.match(os.path.basename(os.path.normpath(path))) is not None and _meta_or_none(path) is not None
+    return NAME.match(os.path.basename(os.path.normpath(path))) is not None and meta_or_none(path) is not None
 
 
 def list_checkpoints(models_dir):
@@ -42,7 +42,7 @@ def read_meta(path):
         return json.load(f)
 
 
-def _meta_or_none(path):
+def meta_or_none(path):
     """meta.json as a dict, or None when it is missing or not one (garbage, truncated, a list...)."""
     try:
         meta = read_meta(path)
@@ -63,7 +63,7 @@ def _complete(models_dir):
     for name in os.listdir(models_dir):
         match = NAME.match(name)
         path = os.path.join(models_dir, name)
-        meta = _meta_or_none(path) if match else None
+        meta = meta_or_none(path) if match else None
         if meta is None:
             continue
         found.append((write_seq(meta), int(match.group(2)), path, meta))
@@ -147,7 +147,7 @@ class CheckpointManager:
     def note_resumed(self, path):
         """This run continues from checkpoint `path`: its saves descend from it (rotation may delete
         it and its ancestors, as the run's own history)."""
-        meta = _meta_or_none(path)
+        meta = meta_or_none(path)
         self.parent = save_id(path, meta) if meta is not None else None
 
     def tmp_path(self, epoch, step):
@@ -178,7 +178,7 @@ class CheckpointManager:
         _fsync_tree(tmp)
         final = os.path.join(self.models_dir, os.path.basename(tmp)[len(TMP_PREFIX):])
         if os.path.exists(final):  # the same step saved again: replace it if it is this run's history
-            if save_id(final, _meta_or_none(final)) in self._history():
+            if save_id(final, meta_or_none(final)) in self._history():
                 self._delete(final)
             else:
                 aside = self._set_aside(final)
@@ -227,7 +227,7 @@ class CheckpointManager:
             if not (NAME.match(name) or SET_ASIDE.match(name)):
                 continue
             path = os.path.join(self.models_dir, name)
-            meta = _meta_or_none(path)
+            meta = meta_or_none(path)
             if meta is not None and meta.get("parent") in history and save_id(path, meta) not in history:
                 points.add(meta["parent"])
         return points
@@ -303,7 +303,7 @@ class CheckpointManager:
         if resume is not True:
             if not is_complete(resume):  # bad input (exit 2), as before checksums
                 raise ConfigError(f"train.resume: {resume} is not a complete checkpoint folder")
-            if _meta_or_none(resume).get("finite") is False:
+            if meta_or_none(resume).get("finite") is False:
                 raise CheckpointError(
                     f"train.resume: {resume} holds non-finite weights (NaN/inf; its meta.json says finite: false),"
                     f" from which no step can make progress; nothing was loaded. The newest finite checkpoint is"
@@ -360,7 +360,7 @@ def verify(path, under=None):
     checksums), and its layout stays inside the folder; else one line naming the file."""
     from .checksums import first_mismatch
     from .formats.model_layout import layout_problem
-    meta = _meta_or_none(path)
+    meta = meta_or_none(path)
     if meta is None:
         return f"{os.path.join(path, META)}: missing or unreadable"
     problem = layout_problem(path, meta)

@@ -140,10 +140,11 @@ class TrainerCheckpoints:
             folder, strategy.optimizer_layout(), trainer.optimizers,
             members=list(module.keys()) if isinstance(module, ModuleDict) else None, rank=trainer.process_index,
             data_position=self.data_position)
-        strategy.load_model_state(state.weights, trainer.train_config.checkpoint_strict)
-        if state.optimizer is not None:
-            strategy.load_full_state(None, state.optimizer)
-        trainer.load_state_dict(state.training_state)
+        with config_applies(trainer, folder):  # as for our checkpoints: the config's hyper-parameters apply
+            strategy.load_model_state(state.weights, trainer.train_config.checkpoint_strict)
+            if state.optimizer is not None:
+                strategy.load_full_state(None, state.optimizer)
+            trainer.load_state_dict(state.training_state)
         if trainer.ema is not None:
             if state.ema_weights is None:
                 log.warning("resume: %s holds no EMA (GigaTrain ran without with_ema); the average starts from"

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import math
 
-from ..checkpoint.manager import read_meta
+from ..checkpoint.manager import meta_or_none
 from ..errors import ConfigError
 
 log = logging.getLogger("giga_train")
@@ -20,7 +20,7 @@ COMPARED = ("models", "optimizers", "schedulers")  # the config sections whose c
 def config_applies(trainer, path):
     """Around loading checkpoint `path` into `trainer`: the config's optimizer hyper-parameters and scheduler
     values are put back over what the checkpoint restored; a state that does not fit is one line."""
-    saved = (read_meta(path).get("config") or {})
+    saved = (meta_or_none(path) or {}).get("config") or {}  # a GigaTrain checkpoint has no meta.json
     changed = config_changes(saved, trainer.config.to_dict())
     fresh = [_hyper_parameters(optimizer) for optimizer in trainer.optimizers]
     fresh_schedules = [_schedule_values(scheduler) for scheduler in trainer.schedulers]
