@@ -109,8 +109,8 @@ class Config(dict):
 def _wrap(value):
     if isinstance(value, Config):
         return value
-    if isinstance(value, dict):
-        return Config(value)
+    if isinstance(value, dict) and type(value).__module__.split(".", 1)[0] != "datasets":
+        return Config(value)  # a Hugging Face DatasetDict stays itself: the check names it in one line
     if isinstance(value, list):
         if value and isinstance(value[0], str) and value[0] == "__tuple__":
             return tuple(_wrap(v) for v in value[1:])

@@ -62,3 +62,14 @@ def hf_config(project, kind="map", max_steps=12, **train):
                 schedulers=dict(type="ConstantScheduler"),
                 train=dict(dict(max_steps=max_steps, checkpoint_interval=4, resume=True, log_with="none",
                                 progress_bar=False, seed=3), **train))
+
+
+class ReturnsTheDataset(HFTrainer):
+    """get_dataloaders returns the Hugging Face dataset itself (a DatasetDict's split, as users write it)."""
+
+    def get_dataloaders(self, data_config):
+        import datasets
+        kind = self.kwargs.get("data_kind", "map")
+        splits = datasets.DatasetDict(train=map_style() if kind == "map" else streaming(),
+                                      test=map_style())
+        return splits if kind == "splits" else splits["train"]

@@ -9,12 +9,13 @@ import torch
 
 from giga_train import launch_from_config
 from giga_train.config import Config
+from giga_train.errors import ConfigError
 from giga_train.data import build_stream, open_dataset
 from giga_train.schema import LOADER
 from tests.distributed import assert_same_weights, final_weights
 from tests.hf_data import hf_config, map_style, streaming
 
-pytest.importorskip("datasets")
+datasets = pytest.importorskip("datasets")
 
 
 @pytest.mark.parametrize("kind", ["map", "streaming"])
@@ -76,3 +77,26 @@ def test_the_users_transform_stays_and_the_configs_applies_per_sample():
     double = lambda sample: {**sample, "y": sample["y"] * 2}  # noqa: E731
     dataset, transform, _ = open_dataset(cfg, double, "dataloaders.train")
     assert transform is double and isinstance(dataset[0]["x"], torch.Tensor)
+
+
+@pytest.mark.parametrize("kind", ["map", "streaming"])
+def test_get_dataloaders_returning_the_dataset_reads_it_as_data_or_config(tmp_path, kind):
+    """A datasets.Dataset / IterableDataset returned by get_dataloaders (no data_or_config in the section) is
+    read with the section's batch size and sampler: the losses of the same dataset given as data_or_config."""
+    given = launch_from_config(hf_config(tmp_path / "given", kind, max_steps=5))
+    cfg = hf_config(tmp_path / "returned", kind, max_steps=5, data_kind=kind)
+    del cfg["dataloaders"]["train"]["data_or_config"]
+    cfg["runners"] = ["tests.hf_data.ReturnsTheDataset"]
+    assert launch_from_config(cfg).losses == given.losses
+
+
+def test_a_dataset_dict_is_one_line(tmp_path):
+    cfg = hf_config(tmp_path / "run", "map", max_steps=2, data_kind="splits")
+    cfg["runners"] = ["tests.hf_data.ReturnsTheDataset"]
+    with pytest.raises(ConfigError, match=r"get_dataloaders: a DatasetDict of splits \['train', 'test'\]: give one"
+                                          r" split, e.g. dataset\['train'\]"):
+        launch_from_config(cfg)
+    cfg["runners"] = ["tests.hf_data.HFTrainer"]
+    cfg["dataloaders"]["train"]["data_or_config"] = datasets.DatasetDict(train=map_style())
+    with pytest.raises(ConfigError, match=r"dataloaders.train.data_or_config: a DatasetDict of splits \['train'\]"):
+        launch_from_config(cfg)

@@ -102,7 +102,8 @@ def validate_config(cfg, runners=None):
         if loader is None and name != "train":
             del cfg.dataloaders[name]  # GigaTrain configs write `eval=None` for "no such loader"
             continue
-        _check_loader(f"dataloaders.{name}", loader, required=name == "train", open_keys=own_loaders)
+        _check_loader(f"dataloaders.{name}", loader, required=name == "train" and not own_loaders,
+                      open_keys=own_loaders)  # an own get_dataloaders may return the data itself
     # eval_interval alone is a GigaTrain fork's own kwarg as well (its trainer validates itself): no val, no error
     val = cfg.dataloaders.get("val")
     if cfg.train.eval_interval and val is not None and val.get("data_or_config") is None:
