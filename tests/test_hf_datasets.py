@@ -1,5 +1,6 @@
 """Hugging Face `datasets` as data: a map-style Dataset (with the user's with_transform left as it is) and a
-streaming IterableDataset train, and resume after a kill -9 with the losses of an uninterrupted run."""
+streaming IterableDataset train, and resume after a kill -9 with the losses of an uninterrupted run (the stream
+also at 2 DDP ranks); a dataset returned by get_dataloaders; a DatasetDict in one line."""
 import os
 import subprocess
 import sys
@@ -34,8 +35,23 @@ def test_killed_then_resumed_equals_uninterrupted(tmp_path, kind):
     assert resumed.losses == whole.losses[4:]
     assert_same_weights(final_weights(project), final_weights(tmp_path / "whole"), rtol=0, atol=0)
     if kind == "map":  # shuffled by our sampler: not the dataset's own order
-        first = (tmp_path / "whole" / "losses.txt").read_text().splitlines()[0]
+        first = (tmp_path / "whole" / "losses_0.txt").read_text().splitlines()[0]
         assert first.split(" ", 2)[2] != "[0, 1, 2]"
+
+
+def test_streaming_at_two_ranks_stopped_then_resumed_equals_uninterrupted(tmp_path):
+    """DDP at 2 gloo ranks over a 3-shard stream (each rank every other example): 8 steps in one go == 4 steps,
+    stop, then resumed to 8 (past the end of epoch 0: 7 batches a rank): every rank's losses and samples bit for
+    bit, the same final weights."""
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    launch_from_config(hf_config(whole, "streaming", max_steps=8, ranks=2))
+    launch_from_config(hf_config(parts, "streaming", max_steps=4, ranks=2))
+    launch_from_config(hf_config(parts, "streaming", max_steps=8, ranks=2))
+    per_rank = [(whole / f"losses_{rank}.txt").read_text().splitlines() for rank in (0, 1)]
+    assert len(per_rank[0]) == 8 and per_rank[0][0] != per_rank[1][0]  # each rank its own examples
+    for rank in (0, 1):
+        assert (parts / f"losses_{rank}.txt").read_text().splitlines() == per_rank[rank]
+    assert_same_weights(final_weights(parts), final_weights(whole), rtol=0, atol=0)
 
 
 def stream(workers, rank=0, world_size=1, num_shards=3):
