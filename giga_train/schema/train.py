@@ -105,7 +105,8 @@ TEST = dict(  # GigaTrain's Tester.__init__ keywords; other keys reach the teste
     log_interval=Key(100, int, min=1),
     seed=Key(6666, int, min=0),
     logging_dir=Key(None, str),
-)
+    log_with=Key(None, (str, list, tuple)),
+)  # log_with is ours (GigaTrain's Tester has no trackers): docs/config.md says what it means
 
 
 DDP_KEYS = ("dim", "broadcast_buffers", "bucket_cap_mb", "find_unused_parameters", "check_reduction",
@@ -230,26 +231,26 @@ def checkpoint_steps(train, epoch_size):
     return int(interval)
 
 
-def _trackers(value):
+def _trackers(value, where="train.log_with"):
     """log_with: a name or a list (GigaTrain hands it to Accelerate) -> a list of the trackers to open."""
     import importlib.util
     names = [value] if isinstance(value, str) else list(value)
     out = []
     for name in names:
         if not isinstance(name, str):
-            raise ConfigError(f"train.log_with: expected tracker names, got {name!r}")
+            raise ConfigError(f"{where}: expected tracker names, got {name!r}")
         name = name.strip().lower()
         if name == "all":  # Accelerate: every tracker that is installed
             wanted = ["tensorboard", "jsonl"] + (["wandb"] if importlib.util.find_spec("wandb") else [])
         elif name in ("none", "no", ""):
             wanted = []
         elif name == "wandb" and not importlib.util.find_spec("wandb"):
-            raise ConfigError("train.log_with: 'wandb' needs the wandb package: pip install 'giga-train[wandb]'"
+            raise ConfigError(f"{where}: 'wandb' needs the wandb package: pip install 'giga-train[wandb]'"
                               " (WANDB_MODE=offline writes the run under logging_dir without an account)")
         elif name in LOG_TRACKERS:
             wanted = [name]
         else:
-            raise ConfigError(f"train.log_with: {name!r} is not supported (choose from tensorboard, jsonl, wandb,"
+            raise ConfigError(f"{where}: {name!r} is not supported (choose from tensorboard, jsonl, wandb,"
                               f" all, none){did_you_mean(name, LOG_TRACKERS)}")
         out += [w for w in wanted if w not in out]
     return out
@@ -312,3 +313,5 @@ def _check_ddp_config(cfg):
 
 def _check_test(test, project_dir):
     test.logging_dir = resolve_logging_dir(project_dir, test.logging_dir)
+    if test.log_with is not None:
+        test.log_with = _trackers(test.log_with, "test.log_with")

@@ -29,7 +29,7 @@ from .ema import EMA
 from .epochs import EpochClock, max_steps_by_epochs, samples_per_step, steps_per_epoch
 from .evaluation import Evaluation
 from .losses import LossBook
-from .media import log_media
+from .media_log import log_media
 from .run_log import RunLog, log_end
 from .flop_count import model_flops_per_sample
 from .gigatrain_attributes import GigaTrainAttributes
