@@ -69,7 +69,7 @@ TRAIN = dict(
     early_stopping=Key(None, dict, check=lambda v: _check_early_stopping(v)),  # dict(metric='val/loss', patience=3)
     # 'tokens': forward_step returns dict(loss_sum=, num_tokens=); the loss is the token mean over the
     # accumulation and the ranks (one big batch's), not the mean of the micro-batches' means (docs/guide.md)
-    loss_normalization=Key("mean", str, choices=("mean", "tokens")),
+    loss_normalization=Key("mean", str, choices=("mean", "tokens")),  # tokens: forward_step returns dict(loss_sum, num_tokens)
     profile=Key(None, dict),  # a torch.profiler trace of chosen steps: PROFILE's keys
     count_flops=Key(False, bool),  # count one step's FLOPs (torch.utils.flop_counter): TFLOP/s and MFU logged
     flops_per_sample=Key(None, numbers.Real, check=_positive),  # or give them (forward + backward, one sample)

@@ -66,6 +66,9 @@ class Validator:
         try:
             with torch.random.fork_rng(devices), torch.no_grad(), ema_weights(trainer.ema if on_ema else None), \
                     trainer.metrics_into(results):
+                # the same noise and timesteps at every validation (a diffusion loss draws them): the results
+                # compare across steps, for checkpoint_best and early_stopping
+                torch.manual_seed(trainer.train_config.seed or 0)
                 for batch, weight in itertools.islice(zip(self.loader, self.shard.weights()), self.max_batches):
                     results.weight = weight  # what the hook passes to log_metric counts as much as its batch
                     with trainer.strategy.autocast():
