@@ -47,6 +47,10 @@ def test_runner_classes_from_python(tmp_path):
     (dict(optimizers=dict(type="AdamW", learning_rate=1e-3)),
      "optimizers: optimizer 'AdamW' takes no argument 'learning_rate'; did you mean 'lr'?"),
     (dict(schedulers=dict(type="WarmupCosineScheduler", warmup=5)), "did you mean 'warmup_steps'?"),
+    (dict(runners=["tests.tinny.TinyTrainer"]), "'tests' has no attribute or module 'tinny'; did you mean 'tiny'?"),
+    (dict(schedulers=dict(type="cosine")), "unknown scheduler 'cosine'; did you mean 'CosineScheduler'?"),
+    (dict(dataloaders=dict(train=dict(data_or_config=dict(_class_name="Unregistered")))),
+     "a name @register'ed in a module is known once that module is imported"),
 ])
 def test_did_you_mean(tmp_path, capsys, edit, message):
     cfg = tiny_config(tmp_path / "run")

@@ -311,7 +311,7 @@ def _check_ddp_config(cfg):
     return None
 
 
-def _check_test(test, project_dir):
+def _check_test(test, project_dir, train_log_with=()):
     test.logging_dir = resolve_logging_dir(project_dir, test.logging_dir)
-    if test.log_with is not None:
-        test.log_with = _trackers(test.log_with, "test.log_with")
+    # not given: the train section's trackers (a list once checked, so a second check keeps it)
+    test.log_with = list(train_log_with) if test.log_with is None else _trackers(test.log_with, "test.log_with")

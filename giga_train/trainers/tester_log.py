@@ -11,9 +11,8 @@ from ..tracking import MetricLogger
 class TesterLog:
     def __init__(self, tester):
         config = tester.config
-        names = config.test.log_with if config.test.get("log_with") is not None else config.train.log_with
         self.dir = os.path.join(tester.logging_dir, "test")
-        self.metrics = MetricLogger(self.dir, names, tester.is_main_process, 0, 0, 1, show_bar=False,
+        self.metrics = MetricLogger(self.dir, config.test.log_with, tester.is_main_process, 0, 0, 1, show_bar=False,
                                     run_name=os.path.basename(tester.project_dir), config=config.to_dict())
         self.closed = False
         atexit.register(self.close)  # test() called from Python, without the launcher
