@@ -169,6 +169,19 @@ def test_the_accepted_forms_give_the_same_pixels_and_a_bad_shape_one_line():
         as_image(torch.zeros(5, 6, 7))
     with pytest.raises(ValueError, match=r"log_video: expected frames of 4 dimensions"):
         as_video(torch.zeros(3, 4, 5))
+    with pytest.raises(ValueError, match=r"\(4, 3, 5, 6\) \(a batch of images: log each, or side by side"):
+        as_image(torch.zeros(4, 3, 5, 6))
+
+
+def test_a_minus_one_to_one_image_is_said_once(caplog):
+    """A diffusion model's [-1, 1] output: clipped to [0, 1] as any float image, with one warning a name."""
+    from giga_train.tracking.media import as_image
+    for _ in range(2):
+        clipped = as_image(PICTURE * 2 - 1, "log_image('denoised')")
+    np.testing.assert_array_equal(clipped, as_image((PICTURE * 2 - 1).clamp(min=0)))
+    said = [r.getMessage() for r in caplog.records if "denoised" in r.getMessage()]
+    assert said == ["log_image('denoised'): float pixels from -1 to 0.967 are clipped to [0, 1] (a [-1, 1] image:"
+                    " pass (x + 1) / 2)"]
 
 
 def test_a_tracker_failing_on_media_is_turned_off_with_one_line():
