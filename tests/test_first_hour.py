@@ -215,3 +215,11 @@ def test_dry_run(tmp_path, capsys):
     assert (tmp_path / "run.val_batches").read_text().split() == ["1", "1"]  # 5 batches in dataloaders.val
     written = sorted(str(p.relative_to(tmp_path / "run")) for p in (tmp_path / "run").rglob("*") if p.is_file())
     assert written == [".giga_train.lock", "logs/train.log"]  # the run's lock and log only
+
+
+@pytest.mark.parametrize("log_with, pointer", [("jsonl", "metrics: {logs}/metrics.jsonl"),
+                                               ("none", "log: {logs}/train.log")])
+def test_the_last_line_points_at_the_trackers_the_run_has(tmp_path, log_with, pointer):
+    launch_from_config(tiny_config(tmp_path, max_steps=1, log_with=log_with))
+    last = (tmp_path / "logs" / "train.log").read_text().strip().splitlines()[-1]
+    assert last.endswith(pointer.format(logs=tmp_path / "logs")) and "tensorboard" not in last, last
