@@ -10,6 +10,7 @@ import torch
 from ..data.loader import to_device
 from ..errors import ConfigError
 from ..tracking.metrics import MetricSums
+from .loss_forms import refuse_model_output
 from .tester import RankShard, ordered_loader
 
 
@@ -98,6 +99,7 @@ def _as_results(out):
         return {}
     if torch.is_tensor(out):
         return {"loss": out}
+    refuse_model_output(out, "validation_step")
     if isinstance(out, dict):
         return out
     raise ConfigError(f"validation_step: return a tensor (logged as val/loss), a dict of named tensors or numbers,"
