@@ -153,6 +153,11 @@ def load_config(config_or_path, overrides=()) -> Config:
     return cfg
 
 
+# A project's modules are imported from the folder giga-train runs in (GigaTrain's setup_environment)
+FROM_CWD = "your modules are imported from the folder giga-train runs in, {cwd}: run it from your project's root," \
+           " or add that folder to PYTHONPATH"
+
+
 def work_dir_on_path():
     """The working directory first on sys.path (GigaTrain's setup_environment), whatever the config's form:
     the `runners` a saved config.json, a YAML file or a module names resolve from the project root, as they
@@ -180,7 +185,8 @@ def _load_file(path, ext):
         except SyntaxError as e:
             raise ConfigError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
         except Exception as e:
-            raise ConfigError(f"{path}: {type(e).__name__} while running the config: {e}") from None
+            hint = f" ({FROM_CWD.format(cwd=os.getcwd())})" if isinstance(e, ModuleNotFoundError) else ""
+            raise ConfigError(f"{path}: {type(e).__name__} while running the config: {e}{hint}") from None
         if not isinstance(namespace.get("config"), dict):
             raise ConfigError(f"{path}: defines no dict named 'config'")
         return Config(namespace["config"])

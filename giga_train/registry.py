@@ -9,6 +9,7 @@ import copy
 import difflib
 import importlib
 import inspect
+import os
 from typing import Any
 
 from .errors import RegistryError
@@ -60,7 +61,8 @@ def import_object(path):
                                   f"{did_you_mean(attr, _public_names(obj))}") from None
             obj, owner = getattr(obj, attr), f"{owner}.{attr}"
         return obj
-    raise ImportError(f"no module named '{parts[0]}'")
+    from .config import FROM_CWD
+    raise ImportError(f"no module named '{parts[0]}' ({FROM_CWD.format(cwd=os.getcwd())})")
 
 
 def _public_names(obj):

@@ -48,6 +48,8 @@ def test_runner_classes_from_python(tmp_path):
      "optimizers: optimizer 'AdamW' takes no argument 'learning_rate'; did you mean 'lr'?"),
     (dict(schedulers=dict(type="WarmupCosineScheduler", warmup=5)), "did you mean 'warmup_steps'?"),
     (dict(runners=["tests.tinny.TinyTrainer"]), "'tests' has no attribute or module 'tinny'; did you mean 'tiny'?"),
+    (dict(runners=["not_here_pkg.trainers.T"]), "no module named 'not_here_pkg' (your modules are imported from the"
+                                                " folder giga-train runs in, "),
     (dict(schedulers=dict(type="cosine")), "unknown scheduler 'cosine'; did you mean 'CosineScheduler'?"),
     (dict(dataloaders=dict(train=dict(data_or_config=dict(_class_name="Unregistered")))),
      "a name @register'ed in a module is known once that module is imported"),
@@ -215,6 +217,8 @@ def test_dry_run(tmp_path, capsys):
     assert (tmp_path / "run.val_batches").read_text().split() == ["1", "1"]  # 5 batches in dataloaders.val
     written = sorted(str(p.relative_to(tmp_path / "run")) for p in (tmp_path / "run").rglob("*") if p.is_file())
     assert written == [".giga_train.lock", "logs/train.log"]  # the run's lock and log only
+    last = (tmp_path / "run" / "logs" / "train.log").read_text().strip().splitlines()[-1]
+    assert last.endswith("(dry run)") and "checkpoint" not in last, last  # no checkpoint of an earlier run named
 
 
 @pytest.mark.parametrize("log_with, pointer", [("jsonl", "metrics: {logs}/metrics.jsonl"),

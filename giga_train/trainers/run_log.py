@@ -82,6 +82,9 @@ def log_end(trainer, checkpoint):
                  checkpoint)
         return
     loss = getattr(trainer, "last_metrics", {}).get("total_loss")
+    if trainer.train_config.get("dry_run"):  # it wrote nothing: an earlier run's checkpoint is not its own
+        log.info("done at step %d%s (dry run)", trainer.step, f", final loss {loss:.4f}" if loss is not None else "")
+        return
     log.info("done at step %d%s; checkpoint: %s; %s", trainer.step,
              f", final loss {loss:.4f}" if loss is not None else "", checkpoint, where_the_logs_are(trainer))
 
