@@ -14,7 +14,7 @@ from giga_train.errors import ConfigError
 from giga_train.data import build_stream, open_dataset
 from giga_train.schema import LOADER
 from tests.distributed import assert_same_weights, final_weights
-from tests.hf_data import hf_config, map_style, streaming
+from tests.hf_data import hf_config, map_style, rows, streaming
 
 datasets = pytest.importorskip("datasets")
 
@@ -116,3 +116,17 @@ def test_a_dataset_dict_is_one_line(tmp_path):
     cfg["dataloaders"]["train"]["data_or_config"] = datasets.DatasetDict(train=map_style())
     with pytest.raises(ConfigError, match=r"dataloaders.train.data_or_config: a DatasetDict of splits \['train'\]"):
         launch_from_config(cfg)
+
+
+def test_a_dataset_of_python_lists_without_a_format_is_said_once(caplog):
+    """datasets without a format hand Python lists, which default_collate transposes: one warning naming the
+    columns; a format (with_format, with_transform) is the user's and says nothing."""
+    plain = datasets.Dataset.from_dict(rows())
+    for data, said in ((plain, True), (plain.with_format("torch"), False), (map_style(), False)):
+        caplog.clear()
+        open_dataset(Config(dict(data_or_config=data)), None, "dataloaders.train")
+        lines = [r.getMessage() for r in caplog.records if "without a format" in r.getMessage()]
+        assert lines == ([("dataloaders.train.data_or_config: a datasets.Dataset without a format: its column(s) 'x'"
+                           " hold Python lists, which torch's default_collate makes into a list of tensors per"
+                           " position; set .with_format('torch') (or a with_transform), or give a collate_fn")]
+                         if said else [])
