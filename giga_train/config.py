@@ -109,8 +109,8 @@ class Config(dict):
 def _wrap(value):
     if isinstance(value, Config):
         return value
-    if isinstance(value, dict):
-        return Config(value)
+    if isinstance(value, dict) and type(value).__module__.split(".", 1)[0] != "datasets":
+        return Config(value)  # a Hugging Face DatasetDict stays itself: the check names it in one line
     if isinstance(value, list):
         if value and isinstance(value[0], str) and value[0] == "__tuple__":
             return tuple(_wrap(v) for v in value[1:])
@@ -153,6 +153,11 @@ def load_config(config_or_path, overrides=()) -> Config:
     return cfg
 
 
+# A project's modules are imported from the folder giga-train runs in (GigaTrain's setup_environment)
+FROM_CWD = "your modules are imported from the folder giga-train runs in, {cwd}: run it from your project's root," \
+           " or add that folder to PYTHONPATH"
+
+
 def work_dir_on_path():
     """The working directory first on sys.path (GigaTrain's setup_environment), whatever the config's form:
     the `runners` a saved config.json, a YAML file or a module names resolve from the project root, as they
@@ -180,7 +185,8 @@ def _load_file(path, ext):
         except SyntaxError as e:
             raise ConfigError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
         except Exception as e:
-            raise ConfigError(f"{path}: {type(e).__name__} while running the config: {e}") from None
+            hint = f" ({FROM_CWD.format(cwd=os.getcwd())})" if isinstance(e, ModuleNotFoundError) else ""
+            raise ConfigError(f"{path}: {type(e).__name__} while running the config: {e}{hint}") from None
         if not isinstance(namespace.get("config"), dict):
             raise ConfigError(f"{path}: defines no dict named 'config'")
         return Config(namespace["config"])

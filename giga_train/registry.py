@@ -9,11 +9,13 @@ import copy
 import difflib
 import importlib
 import inspect
+import os
 from typing import Any
 
 from .errors import RegistryError
 
 TYPE_KEYS = ("type", "_class_name")
+USER_REGISTRIES = ("dataset", "transform", "sampler")  # what projects register (a missing name: a hint)
 _MISSING = object()
 
 
@@ -34,6 +36,8 @@ def did_you_mean(name, choices):
                 return f"; did you mean '{ours}'?"
     by_lower = {str(c).lower(): str(c) for c in choices}
     close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=1, cutoff=0.6)
+    if not close and len(str(name)) >= 4:  # a part of the name ('cosine' for CosineScheduler): the shortest
+        close = sorted((c for c in by_lower if str(name).lower() in c), key=len)[:1]
     return f"; did you mean '{by_lower[close[0]]}'?" if close else ""
 
 
@@ -50,13 +54,22 @@ def import_object(path):
             if e.name and module_name.startswith(e.name):
                 continue  # this prefix is not a module; try a shorter one
             raise
-        try:
-            for attr in parts[split:]:
-                obj = getattr(obj, attr)
-        except AttributeError:
-            raise ImportError(f"module '{module_name}' has no attribute '{'.'.join(parts[split:])}'") from None
+        owner = module_name
+        for attr in parts[split:]:
+            if not hasattr(obj, attr):
+                raise ImportError(f"'{owner}' has no attribute or module '{attr}'"
+                                  f"{did_you_mean(attr, _public_names(obj))}") from None
+            obj, owner = getattr(obj, attr), f"{owner}.{attr}"
         return obj
-    raise ImportError(f"no module named '{parts[0]}'")
+    from .config import FROM_CWD
+    raise ImportError(f"no module named '{parts[0]}' ({FROM_CWD.format(cwd=os.getcwd())})")
+
+
+def _public_names(obj):
+    """What `obj.<name>` may name: its public attributes and, for a package, its submodules (not imported yet)."""
+    import pkgutil
+    names = [n for n in dir(obj) if not n.startswith("_")]
+    return names + [m.name for m in pkgutil.iter_modules(getattr(obj, "__path__", None) or [])]
 
 
 class Registry(dict):
@@ -124,8 +137,12 @@ class Registry(dict):
                 raise RegistryError(f"{self.name}: cannot import '{key}': {e}") from None
         if default is not _MISSING:
             return default
-        raise RegistryError(f"unknown {self.name} '{key}'{did_you_mean(key, self)}"
-                            f" (registered: {', '.join(self.names()) or 'none'})")
+        close = did_you_mean(key, self)
+        hint = "" if close or self.name not in USER_REGISTRIES else (
+            "; a name @register'ed in a module is known once that module is imported (import it from the"
+            " trainer's module), or give the dotted path, e.g. 'my_pkg.data.Name'")
+        raise RegistryError(f"unknown {self.name} '{key}'{close} (registered: {', '.join(self.names()) or 'none'})"
+                            f"{hint}")
 
     def resolve(self, cfg):
         """(class, kwargs) from a config dict; the type key is taken out."""

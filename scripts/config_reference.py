@@ -56,7 +56,9 @@ MEANINGS = {
         active="recorded steps of each window", record_shapes="torch.profiler's switch",
         profile_memory="torch.profiler's switch", with_stack="torch.profiler's switch",
         with_flops="torch.profiler's switch"),
-    "test": dict(log_interval="batches between log lines"),
+    "test": dict(log_interval="batches between log lines",
+                 log_with="ours: the trackers of log_image/log_video/log_figure in test(), writing under"
+                          " logging_dir/test (None: train.log_with's)"),
     "lora": dict(
         target_modules="module names, each matched as a name suffix (as peft does), or one regex string; None:"
                        " peft's own list for the transformers architectures it knows",
@@ -109,7 +111,7 @@ def tables():
         ("### `train.profile`", key_table(train.PROFILE, comments_of(train), MEANINGS["profile"])),
         ("### `train.lora` (any other field of peft's `LoraConfig` is passed to it as it is)",
          key_table(lora.LORA, comments_of(lora), MEANINGS["lora"])),
-        ("### `test`", key_table(train.TEST, comments_of(train), MEANINGS["test"])),
+        ("### `test`", key_table(train.TEST, dict(comments_of(train), log_with=None), MEANINGS["test"])),
         ("### `launch.fsdp_config` (Accelerate's keys; the `fsdp_` prefix may be left out)",
          "Keys: " + ", ".join(f"`{k}`" for k in accelerate.FSDP_KEYS) + ".\n\nDefaults: "
          + ", ".join(f"`{k}={v!r}`" for k, v in accelerate.FSDP_DEFAULTS.items()) + "."),

@@ -33,7 +33,7 @@ def streaming(num_shards=3):
 
 
 class HFTrainer(Trainer):
-    """A linear fit of y on x, recording every loss (and the indices, to losses.txt: a killed run's too).
+    """A linear fit of y on x, recording every loss (and the indices, to losses_RANK.txt: a killed run's too).
     GT_KILL="step:N" kills the process by SIGKILL in step N's forward."""
 
     def get_models(self, model_config):
@@ -47,18 +47,29 @@ class HFTrainer(Trainer):
             os.kill(os.getpid(), signal.SIGKILL)
         loss = (self.model(batch_dict["x"].float()).squeeze(-1) - batch_dict["y"].float()).pow(2).mean()
         self.losses.append(loss.item())
-        with open(os.path.join(self.project_dir, "losses.txt"), "a") as f:
+        with open(os.path.join(self.project_dir, f"losses_{self.process_index}.txt"), "a") as f:
             f.write(f"{self.step + 1} {loss.item()!r} {batch_dict['index'].tolist()}\n")
         return loss
 
 
-def hf_config(project, kind="map", max_steps=12, **train):
+def hf_config(project, kind="map", max_steps=12, ranks=1, **train):
     data = map_style() if kind == "map" else streaming()
     loader = dict(data_or_config=data, batch_size_per_gpu=3, num_workers=0)
     if kind == "map":
         loader["sampler"] = dict(type="DefaultSampler", shuffle=True)
-    return dict(runners=["tests.hf_data.HFTrainer"], project_dir=str(project), launch=dict(distributed_type="NO"),
+    return dict(runners=["tests.hf_data.HFTrainer"], project_dir=str(project), launch=dict(distributed_type="DDP" if ranks > 1 else "NO", num_processes=ranks),
                 dataloaders=dict(train=loader), models={}, optimizers=dict(type="SGD", lr=0.05),
                 schedulers=dict(type="ConstantScheduler"),
                 train=dict(dict(max_steps=max_steps, checkpoint_interval=4, resume=True, log_with="none",
                                 progress_bar=False, seed=3), **train))
+
+
+class ReturnsTheDataset(HFTrainer):
+    """get_dataloaders returns the Hugging Face dataset itself (a DatasetDict's split, as users write it)."""
+
+    def get_dataloaders(self, data_config):
+        import datasets
+        kind = self.kwargs.get("data_kind", "map")
+        splits = datasets.DatasetDict(train=map_style() if kind == "map" else streaming(),
+                                      test=map_style())
+        return splits if kind == "splits" else splits["train"]

@@ -47,6 +47,12 @@ def test_runner_classes_from_python(tmp_path):
     (dict(optimizers=dict(type="AdamW", learning_rate=1e-3)),
      "optimizers: optimizer 'AdamW' takes no argument 'learning_rate'; did you mean 'lr'?"),
     (dict(schedulers=dict(type="WarmupCosineScheduler", warmup=5)), "did you mean 'warmup_steps'?"),
+    (dict(runners=["tests.tinny.TinyTrainer"]), "'tests' has no attribute or module 'tinny'; did you mean 'tiny'?"),
+    (dict(runners=["not_here_pkg.trainers.T"]), "no module named 'not_here_pkg' (your modules are imported from the"
+                                                " folder giga-train runs in, "),
+    (dict(schedulers=dict(type="cosine")), "unknown scheduler 'cosine'; did you mean 'CosineScheduler'?"),
+    (dict(dataloaders=dict(train=dict(data_or_config=dict(_class_name="Unregistered")))),
+     "a name @register'ed in a module is known once that module is imported"),
 ])
 def test_did_you_mean(tmp_path, capsys, edit, message):
     cfg = tiny_config(tmp_path / "run")
@@ -211,3 +217,49 @@ def test_dry_run(tmp_path, capsys):
     assert (tmp_path / "run.val_batches").read_text().split() == ["1", "1"]  # 5 batches in dataloaders.val
     written = sorted(str(p.relative_to(tmp_path / "run")) for p in (tmp_path / "run").rglob("*") if p.is_file())
     assert written == [".giga_train.lock", "logs/train.log"]  # the run's lock and log only
+    last = (tmp_path / "run" / "logs" / "train.log").read_text().strip().splitlines()[-1]
+    assert last.endswith("(dry run)") and "checkpoint" not in last, last  # no checkpoint of an earlier run named
+
+
+@pytest.mark.parametrize("log_with, pointer", [("jsonl", "metrics: {logs}/metrics.jsonl"),
+                                               ("none", "log: {logs}/train.log")])
+def test_the_last_line_points_at_the_trackers_the_run_has(tmp_path, log_with, pointer):
+    launch_from_config(tiny_config(tmp_path, max_steps=1, log_with=log_with))
+    last = (tmp_path / "logs" / "train.log").read_text().strip().splitlines()[-1]
+    assert last.endswith(pointer.format(logs=tmp_path / "logs")) and "tensorboard" not in last, last
+
+
+class ReturnsModelOutput(TinyTrainer):
+    def forward_step(self, batch_dict):
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+        logits = self.model(batch_dict["tokens"])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch_dict["targets"].flatten())
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+
+def test_a_model_output_from_forward_step_is_one_line(tmp_path):
+    from giga_train.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"^forward_step: returned the model's CausalLMOutputWithPast \(loss, logits\):"
+                                          r" return its \.loss, or a dict of named losses only$"):
+        launch_from_config(tiny_config(tmp_path, runner="tests.test_first_hour.ReturnsModelOutput", max_steps=1))
+
+
+@pytest.mark.parametrize("normalization", ["mean", "tokens"])
+def test_what_is_not_a_loss_is_named(normalization):
+    from diffusers.models.unets.unet_2d import UNet2DOutput
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+    from giga_train.errors import ConfigError
+    from giga_train.trainers.losses import LossBook
+    book, loss = LossBook(1, normalization), torch.tensor(2.0, requires_grad=True)
+    cases = [(UNet2DOutput(sample=torch.ones(2)), r"UNet2DOutput \(sample\): return "),
+             (CausalLMOutputWithPast(logits=torch.ones(2)), r"\(logits\): return " + (
+                 r"a loss \(it holds none: pass labels=" if normalization == "mean" else r"dict\(loss_sum="))]
+    if normalization == "mean":
+        cases += [(dict(loss=loss, logits=torch.ones(2, 3)), r"'logits' is a model output, not a loss"),
+                  (dict(loss=loss, cache=object()), r"'cache' is not a loss tensor \(object\)"),
+                  ((loss, loss), r"return a loss tensor or a dict of named loss tensors; got tuple")]
+    for returned, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            book.parse(returned)
+    if normalization == "mean":
+        assert book.parse(dict(a=loss, b=loss * 2)).item() == 6.0  # losses pass

@@ -1,6 +1,6 @@
 """log_image / log_video / log_figure read back from every tracker (TensorBoard's event file, an offline
 wandb run, the JSONL run's files), rank-0-only calls that do not hang at 2 ranks, the public ema_weights
-context, and the sample_step hook's media at validation."""
+context, the sample_step hook's media at validation, and a Tester's media (test-only run)."""
 import glob
 import io
 import json
@@ -12,6 +12,7 @@ from PIL import Image
 
 from giga_train import launch_from_config
 from giga_train.trainers.validation import ema_weights
+from tests import gigatrain_client
 from tests.test_trackers import wandb_records
 from tests.tiny import TinyTrainer
 from tests.tiny_eval import eval_job
@@ -168,6 +169,19 @@ def test_the_accepted_forms_give_the_same_pixels_and_a_bad_shape_one_line():
         as_image(torch.zeros(5, 6, 7))
     with pytest.raises(ValueError, match=r"log_video: expected frames of 4 dimensions"):
         as_video(torch.zeros(3, 4, 5))
+    with pytest.raises(ValueError, match=r"\(4, 3, 5, 6\) \(a batch of images: log each, or side by side"):
+        as_image(torch.zeros(4, 3, 5, 6))
+
+
+def test_a_minus_one_to_one_image_is_said_once(caplog):
+    """A diffusion model's [-1, 1] output: clipped to [0, 1] as any float image, with one warning a name."""
+    from giga_train.tracking.media import as_image
+    for _ in range(2):
+        clipped = as_image(PICTURE * 2 - 1, "log_image('denoised')")
+    np.testing.assert_array_equal(clipped, as_image((PICTURE * 2 - 1).clamp(min=0)))
+    said = [r.getMessage() for r in caplog.records if "denoised" in r.getMessage()]
+    assert said == ["log_image('denoised'): float pixels from -1 to 0.967 are clipped to [0, 1] (a [-1, 1] image:"
+                    " pass (x + 1) / 2)"]
 
 
 def test_a_tracker_failing_on_media_is_turned_off_with_one_line():
@@ -192,3 +206,33 @@ def test_a_tracker_failing_on_media_is_turned_off_with_one_line():
         logger.removeHandler(handler)
     assert not guarded.on and len(Lines.lines) == 1
     assert "failed logging image 'val/x' at step 3 (OSError: No space left on device)" in Lines.lines[0]
+
+
+class MediaTester(gigatrain_client.IndexTester):
+    """A test-only run that logs an image at each batch (its step: cur_step) and a clip at the end."""
+
+    def test(self):
+        for self._cur_step, batch in enumerate(self.dataloader, 1):
+            self.log_image("test/picture", PICTURE * (batch["index"][0] + 1) / 3)
+        self.log_video("test/clip", CLIP, fps=4)
+
+
+def test_a_testers_media_reach_its_trackers_in_logs_test(tmp_path):
+    """Tester-only config: test.log_with's TensorBoard event file and JSONL run under logs/test, read back."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    cfg = dict(runners=["tests.test_media.MediaTester"], project_dir=str(tmp_path), models=dict(dim=4),
+               dataloaders=dict(test=dict(data_or_config=dict(_class_name="CountingDataset", size=5),
+                                          batch_size_per_gpu=2)), test=dict(log_with=["tensorboard", "jsonl"]))
+    launch_from_config(cfg)
+    events = EventAccumulator(str(tmp_path / "logs" / "test"), size_guidance={"images": 0})
+    events.Reload()
+    pictures = events.Images("test/picture")
+    assert [e.step for e in pictures] == [1, 2, 3]  # batches [0, 1], [2, 3], [4]
+    for event, first in zip(pictures, (0, 2, 4)):
+        expected = ((PICTURE * (first + 1) / 3).clamp(0, 1).permute(1, 2, 0).numpy() * 255 + 0.5).astype(np.uint8)
+        np.testing.assert_array_equal(decoded(event.encoded_image_string)[0], expected)
+    [clip] = events.Images("test/clip")
+    np.testing.assert_array_equal(decoded(clip.encoded_image_string), CLIP_UINT8)
+    lines = [json.loads(line) for line in (tmp_path / "logs" / "test" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if "test/picture" in line] == [1, 2, 3]
+    assert not glob.glob(str(tmp_path / "logs" / "events*"))  # the training's folder: nothing of the Tester's

@@ -53,3 +53,29 @@ def test_forward_step_of_another_form_is_one_line():
     import torch
     with pytest.raises(ConfigError, match=re.escape("forward_step must return dict(loss_sum=<summed per-token")):
         TokenCount().take(torch.tensor(1.0))
+
+
+def test_validation_under_tokens_is_every_validation_tokens_mean(tmp_path):
+    """forward_step's dict(loss_sum, num_tokens) as the default validation_step: val/loss is the summed loss of
+    every validation token over their count (9 samples, batches of 2, uneven lengths), not a mean of sums."""
+    from types import SimpleNamespace
+
+    import torch
+    from examples.char_lm.data import StdlibText
+    from examples.char_lm.model import CharLM
+    from tests.tiny import MODEL
+    from tests.tiny_eval import eval_job
+    from tests.tiny_tokens import TokenSumTrainer
+    cfg = eval_job(tmp_path, runner="tests.tiny_tokens.TokenSumTrainer", loss_normalization="tokens",
+                   log_with="jsonl", max_steps=2)
+    trainer = launch_from_config(cfg)
+    model = CharLM(**dict(MODEL, dropout=0.0)).eval()
+    model.load_state_dict(final_weights(tmp_path))
+    val = dict(cfg["dataloaders"]["val"]["data_or_config"])
+    del val["_class_name"]
+    data, one = StdlibText(**val), SimpleNamespace(model=model, train_config=trainer.train_config)
+    with torch.no_grad():  # one sample at a time: no batching, no sharding
+        outs = [TokenSumTrainer.forward_step(one, {k: v[None] for k, v in data[i].items()}) for i in range(len(data))]
+    expected = sum(o["loss_sum"].item() for o in outs) / sum(o["num_tokens"].item() for o in outs)
+    assert trainer.last_metrics["val/loss"] == pytest.approx(expected, rel=1e-5)
+    assert not [name for name in trainer.last_metrics if name.startswith("val/") and name != "val/loss"]

@@ -167,3 +167,11 @@ def test_eval_interval_needs_val_data_and_a_missing_best_metric_is_named(tmp_pat
     cfg = eval_job(tmp_path / "b", checkpoint_best=dict(metric="val/acc"))
     with pytest.raises(ConfigError, match=re.escape("'val/acc' is not among the validation results (val/loss)")):
         launch_from_config(cfg)
+
+
+def test_every_validation_draws_the_same_noise(tmp_path):
+    """A validation_step drawing random numbers (a diffusion loss's noise and timesteps) draws the same ones
+    at every validation, so its results compare across steps (checkpoint_best, early_stopping)."""
+    launch_from_config(eval_job(tmp_path, runner="tests.tiny_eval.NoisyValTrainer", eval_interval=1, max_steps=3))
+    [noise] = {results["val/noise"] for _, results in validations(tmp_path, 1)[0]}
+    assert 0 < noise < 1

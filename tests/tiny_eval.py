@@ -77,3 +77,15 @@ class UnusedParameterTrainer(TinyTrainer):
         model = super().get_models(model_config)
         model.unused = nn.Linear(4, 4)
         return model
+
+
+class NoisyValTrainer(ValTrainer):
+    """validation_step as a diffusion loss: its own noise (torch.rand) beside the model's loss; the training
+    draws random numbers too (a diffusion model's noise), so the RNG moves between validations."""
+
+    def forward_step(self, batch_dict):
+        torch.rand(3)
+        return super().forward_step(batch_dict)
+
+    def validation_step(self, batch_dict):
+        return {"noise": torch.rand(batch_dict["tokens"].shape[0]), "loss": super().validation_step(batch_dict)}

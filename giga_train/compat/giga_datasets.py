@@ -2,6 +2,7 @@
 `data_or_config`, `filter`, `transform` and `collator` mean what they mean in GigaTrain 1.1 (docs/guide.md,
 "Data through giga_datasets"; docs/GIGATRAIN.md section 13). Without the package, an entry that needs it
 raises one line naming it."""
+import logging
 import os
 
 import torch
@@ -94,7 +95,24 @@ def open_dataset(cfg, transform, where):
         collate = import_giga_datasets(f"{where}.collator").DefaultCollator(**(cfg.get("collator") or {}))
     else:
         collate = None  # torch's default_collate
+        if hugging_face and transform is None:
+            warn_python_lists(dataset, where)
     return dataset, transform, collate
+
+
+def warn_python_lists(dataset, where):
+    """One warning for a Hugging Face map-style dataset without a format whose samples hold Python lists:
+    torch's default_collate turns a batch of such lists into a list of tensors, one per position (the model
+    then fails on a list). Its format stays the user's: the line says what to set."""
+    format_type = (getattr(dataset, "format", None) or {}).get("type", "unknown")
+    if format_type is not None or len(dataset) == 0:
+        return
+    lists = sorted(k for k, v in dataset[0].items() if isinstance(v, list)) if isinstance(dataset[0], dict) else []
+    if lists:
+        logging.getLogger("giga_train").warning(
+            "%s.data_or_config: a datasets.Dataset without a format: its column(s) %s hold Python lists, which"
+            " torch's default_collate makes into a list of tensors per position; set .with_format('torch') (or a"
+            " with_transform), or give a collate_fn", where, ", ".join(repr(k) for k in lists))
 
 
 # GigaTrain registers the first five in its SAMPLERS; the weighted ones are giga_datasets' too.

@@ -14,6 +14,24 @@ def _module_root(obj):
     return type(obj).__module__.split(".", 1)[0]
 
 
+def is_hf_dataset(obj):
+    """A Hugging Face `datasets.Dataset` or `datasets.IterableDataset` (not a DatasetDict of splits)."""
+    if _module_root(obj) != "datasets":
+        return False
+    import datasets
+    return isinstance(obj, (datasets.Dataset, datasets.IterableDataset))
+
+
+def dataset_dict_refusal(where, obj):
+    """The line for a `datasets.DatasetDict` (what load_dataset returns without split=) where one dataset
+    belongs; None for anything else."""
+    if _module_root(obj) != "datasets" or not isinstance(obj, dict):
+        return None
+    splits = list(obj)
+    return (f"{where}: a {type(obj).__name__} of splits {splits}: give one split, e.g."
+            f" dataset[{(splits or ['train'])[0]!r}] (or load_dataset(..., split={(splits or ['train'])[0]!r}))")
+
+
 def is_hf_streaming(dataset):
     if _module_root(dataset) != "datasets":
         return False
@@ -54,4 +72,4 @@ def as_streaming(dataset):
     return HFStreaming(dataset) if is_hf_streaming(dataset) else dataset
 
 
-__all__ = ["HFStreaming", "as_streaming", "is_hf_streaming"]
+__all__ = ["HFStreaming", "as_streaming", "dataset_dict_refusal", "is_hf_dataset", "is_hf_streaming"]

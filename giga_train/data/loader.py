@@ -238,6 +238,9 @@ def draw_like_gigatrains_iterator():
 def build_stream(cfg, seed, rank, world_size, device, accumulation=1, data_parallel_size=1):
     """The training stream of a dataloader section: DataStream for a map-style dataset, StreamingData for an
     IterableDataset (streaming.py)."""
+    if cfg.get("data_or_config") is None:
+        raise ConfigError("dataloaders.train.data_or_config: required (the training data), unless get_dataloaders"
+                          " returns the data itself (a Dataset or a DataLoader)")
     if is_streaming(cfg.data_or_config):
         return StreamingData(as_streaming(build_dataset(cfg.data_or_config)), cfg, seed, rank, world_size, device)
     return DataStream(cfg, seed, rank, world_size, device, accumulation=accumulation,

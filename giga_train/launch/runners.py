@@ -49,7 +49,10 @@ def _run(runner, dry=False):
     """One runner, as GigaTrain's run_tasks runs it (GigaTrain also prints the whole config first: ours is in
     project_dir/config.json; not for a dry run)."""
     if not isinstance(runner, Trainer):
-        runner.test()
+        try:
+            runner.test()
+        finally:
+            getattr(runner, "close_trackers", lambda: None)()  # a Tester's media trackers (tester_log.py)
         return
     if not dry:
         runner.save_config(runner.config)

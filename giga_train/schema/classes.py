@@ -3,6 +3,7 @@ installed, as GigaTrain resolves them), samplers, optimizers, schedulers; one li
 from torch.utils.data import IterableDataset
 
 from ..compat.giga_datasets import SAMPLER_NAMES, import_giga_datasets, missing_package_line
+from ..data.hf_datasets import dataset_dict_refusal
 from ..data.streaming import is_streaming  # noqa: F401  (validate.py takes it from here)
 from ..errors import ConfigError, RegistryError
 from ..registry import DATASETS, TYPE_KEYS, check_call_arguments
@@ -10,6 +11,8 @@ from ..registry import DATASETS, TYPE_KEYS, check_call_arguments
 
 def check_data(where, data):
     """GigaTrain's data_or_config: a dataset folder, dict(_class_name=...), a list of those, or a Dataset."""
+    if dataset_dict_refusal(where, data):
+        raise ConfigError(dataset_dict_refusal(where, data))
     if isinstance(data, str):
         return  # a giga_datasets folder: opened when the dataloader is built (which needs the package)
     if isinstance(data, dict):

@@ -70,7 +70,7 @@ TRAIN = dict(
     early_stopping=Key(None, dict, check=lambda v: _check_early_stopping(v)),  # dict(metric='val/loss', patience=3)
     # 'tokens': forward_step returns dict(loss_sum=, num_tokens=); the loss is the token mean over the
     # accumulation and the ranks (one big batch's), not the mean of the micro-batches' means (docs/guide.md)
-    loss_normalization=Key("mean", str, choices=("mean", "tokens")),
+    loss_normalization=Key("mean", str, choices=("mean", "tokens")),  # tokens: forward_step returns dict(loss_sum, num_tokens)
     profile=Key(None, dict),  # a torch.profiler trace of chosen steps: PROFILE's keys
     count_flops=Key(False, bool),  # count one step's FLOPs (torch.utils.flop_counter): TFLOP/s and MFU logged
     flops_per_sample=Key(None, numbers.Real, check=_positive),  # or give them (forward + backward, one sample)
@@ -108,7 +108,8 @@ TEST = dict(  # GigaTrain's Tester.__init__ keywords; other keys reach the teste
     log_interval=Key(100, int, min=1),
     seed=Key(6666, int, min=0),
     logging_dir=Key(None, str),
-)
+    log_with=Key(None, (str, list, tuple)),
+)  # log_with is ours (GigaTrain's Tester has no trackers): docs/config.md says what it means
 
 
 DDP_KEYS = ("dim", "broadcast_buffers", "bucket_cap_mb", "find_unused_parameters", "check_reduction",
@@ -235,26 +236,26 @@ def checkpoint_steps(train, epoch_size):
     return int(interval)
 
 
-def _trackers(value):
+def _trackers(value, where="train.log_with"):
     """log_with: a name or a list (GigaTrain hands it to Accelerate) -> a list of the trackers to open."""
     import importlib.util
     names = [value] if isinstance(value, str) else list(value)
     out = []
     for name in names:
         if not isinstance(name, str):
-            raise ConfigError(f"train.log_with: expected tracker names, got {name!r}")
+            raise ConfigError(f"{where}: expected tracker names, got {name!r}")
         name = name.strip().lower()
         if name == "all":  # Accelerate: every tracker that is installed
             wanted = ["tensorboard", "jsonl"] + (["wandb"] if importlib.util.find_spec("wandb") else [])
         elif name in ("none", "no", ""):
             wanted = []
         elif name == "wandb" and not importlib.util.find_spec("wandb"):
-            raise ConfigError("train.log_with: 'wandb' needs the wandb package: pip install 'giga-train[wandb]'"
+            raise ConfigError(f"{where}: 'wandb' needs the wandb package: pip install 'giga-train[wandb]'"
                               " (WANDB_MODE=offline writes the run under logging_dir without an account)")
         elif name in LOG_TRACKERS:
             wanted = [name]
         else:
-            raise ConfigError(f"train.log_with: {name!r} is not supported (choose from tensorboard, jsonl, wandb,"
+            raise ConfigError(f"{where}: {name!r} is not supported (choose from tensorboard, jsonl, wandb,"
                               f" all, none){did_you_mean(name, LOG_TRACKERS)}")
         out += [w for w in wanted if w not in out]
     return out
@@ -315,5 +316,7 @@ def _check_ddp_config(cfg):
     return None
 
 
-def _check_test(test, project_dir):
+def _check_test(test, project_dir, train_log_with=()):
     test.logging_dir = resolve_logging_dir(project_dir, test.logging_dir)
+    # not given: the train section's trackers (a list once checked, so a second check keeps it)
+    test.log_with = list(train_log_with) if test.log_with is None else _trackers(test.log_with, "test.log_with")

@@ -93,7 +93,7 @@ def validate_config(cfg, runners=None):
     for key, value in cluster.items():
         check_cluster_key(key, value)
     _check_precision_device(cfg)
-    _check_test(cfg.test, cfg.project_dir)
+    _check_test(cfg.test, cfg.project_dir, cfg.train.log_with)
     own_loaders = any(_overrides(cls, "get_dataloaders") for cls in classes)
     if "train" not in cfg.dataloaders and not tester_only:
         raise ConfigError(f"dataloaders.train: required key is missing{did_you_mean('train', cfg.dataloaders)}")
@@ -102,7 +102,8 @@ def validate_config(cfg, runners=None):
         if loader is None and name != "train":
             del cfg.dataloaders[name]  # GigaTrain configs write `eval=None` for "no such loader"
             continue
-        _check_loader(f"dataloaders.{name}", loader, required=name == "train", open_keys=own_loaders)
+        _check_loader(f"dataloaders.{name}", loader, required=name == "train" and not own_loaders,
+                      open_keys=own_loaders)  # an own get_dataloaders may return the data itself
     # eval_interval alone is a GigaTrain fork's own kwarg as well (its trainer validates itself): no val, no error
     val = cfg.dataloaders.get("val")
     if cfg.train.eval_interval and val is not None and val.get("data_or_config") is None:
@@ -148,22 +149,13 @@ def _overrides(cls, method):
 
 def _import_runner(where, path):
     """A runner class from its dotted path (or the class itself, given from Python); one line when it is not
-    there, with a did-you-mean among the module's classes (a name in the wrong case)."""
+    there, with import_object's did-you-mean (a module or a class misspelt, or in the wrong case)."""
     if isinstance(path, type):
         return path
     try:
         return import_object(path)
     except Exception as e:  # the user's module may raise anything while importing
-        hint = ""
-        if isinstance(path, str) and "." in path and isinstance(e, ImportError):
-            module, name = path.rsplit(".", 1)
-            try:
-                names = [n for n, v in vars(import_object(module) if "." in module else
-                                            __import__(module)).items() if isinstance(v, type)]
-            except Exception:  # the module itself is missing: nothing to suggest
-                names = []
-            hint = did_you_mean(name, names)
-        raise ConfigError(f"{where}: cannot import '{path}': {type(e).__name__}: {e}{hint}") from None
+        raise ConfigError(f"{where}: cannot import '{path}': {type(e).__name__}: {e}") from None
 
 
 def _dotted(runner):

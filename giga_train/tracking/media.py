@@ -3,6 +3,7 @@ float in [0, 1] or uint8; numpy arrays; PIL images; matplotlib-like figures) mad
 numpy arrays, and their PNG / GIF encodings (PIL; TensorBoard shows a GIF image summary as a video, the
 form torch's add_video writes, without moviepy)."""
 import io
+import logging
 import re
 
 import numpy as np
@@ -14,9 +15,17 @@ def _numpy(data):
     return np.asarray(data)
 
 
-def _uint8(array):
+_WARNED = set()  # the names already warned of negative float pixels
+
+
+def _uint8(array, what="log_image"):
     if array.dtype == np.uint8:
         return array
+    if np.issubdtype(array.dtype, np.floating) and what not in _WARNED and array.size and np.nanmin(array) < 0:
+        _WARNED.add(what)
+        logging.getLogger("giga_train").warning(
+            "%s: float pixels from %.3g to %.3g are clipped to [0, 1] (a [-1, 1] image: pass (x + 1) / 2)", what,
+            float(np.nanmin(array)), float(np.nanmax(array)))
     if np.issubdtype(array.dtype, np.floating) or array.dtype == np.bool_:
         return (np.clip(np.nan_to_num(array.astype(np.float32)), 0.0, 1.0) * 255 + 0.5).astype(np.uint8)
     return np.clip(array, 0, 255).astype(np.uint8)  # integer pixel values 0..255
@@ -27,7 +36,9 @@ def _channels_last(array, what):
     if array.ndim == 2:
         array = array[:, :, None]
     if array.ndim != 3:
-        raise ValueError(f"{what}: expected an image of 2 or 3 dimensions (CHW or HWC), got shape {array.shape}")
+        batch = " (a batch of images: log each, or side by side: torch.cat(list(images), dim=2))" if array.ndim == 4 \
+            else ""
+        raise ValueError(f"{what}: expected an image of 2 or 3 dimensions (CHW or HWC), got shape {array.shape}{batch}")
     if array.shape[-1] not in (1, 3, 4) and array.shape[0] in (1, 3, 4):
         array = array.transpose(1, 2, 0)
     if array.shape[-1] not in (1, 3, 4):
@@ -43,7 +54,7 @@ def as_image(data, what="log_image"):
         data = _pil_open(buffer.getvalue())
     if hasattr(data, "convert") and hasattr(data, "size"):  # a PIL image
         data = np.asarray(data.convert("RGBA" if data.mode in ("RGBA", "LA", "P") else "RGB"))
-    return _uint8(_channels_last(_numpy(data), what))
+    return _uint8(_channels_last(_numpy(data), what), what)
 
 
 def as_video(frames, what="log_video"):
@@ -53,7 +64,7 @@ def as_video(frames, what="log_video"):
     array = _numpy(frames)
     if array.ndim != 4:
         raise ValueError(f"{what}: expected frames of 4 dimensions (T,C,H,W or T,H,W,C), got shape {array.shape}")
-    return np.stack([_uint8(_channels_last(frame, what)) for frame in array])
+    return np.stack([_uint8(_channels_last(frame, what), what) for frame in array])
 
 
 def _pil_open(data):

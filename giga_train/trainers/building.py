@@ -6,7 +6,6 @@ import torch
 
 from ..checkpoint.checkpointer import Checkpointer
 from ..compat.utils import as_list
-from ..data import build_stream
 from ..engine import strategy_class
 from ..engine.activation_checkpointing import apply_activation_checkpointing
 from ..engine.fp8 import convert_to_float8
@@ -19,6 +18,7 @@ from .activation_budget import checkpointed_class_names
 from .checkpointing import TrainerCheckpoints
 from .nan_guard import NanGuard, SchedulerRewind
 from .random_streams import seed_everything  # noqa: F401  (the Trainer seeds through it)
+from .train_data import train_loaders, train_stream  # noqa: F401  (the Trainer builds its data through them)
 
 # GigaTrain's named Trainer arguments; every other key of the `train` section is in self.kwargs.
 TRAINER_KEYWORDS = (
@@ -50,15 +50,6 @@ def the_one_model(models):
         raise ConfigError(f"get_models returned {len(models)} models: giga-train trains one module;"
                           " put several in a giga_train.ModuleDict (GigaTrain's checkpoints also hold one)")
     return models[0]
-
-
-def train_stream(trainer, data_config):
-    """get_dataloaders' default: the training data as micro-batches on the device, resumable to the exact
-    sample; the ranks of one sequence-parallel group read the same samples."""
-    rank, world = trainer.data_rank_and_world
-    return build_stream(data_config, trainer.train_config.seed, rank, world, trainer.device,
-                        accumulation=trainer.gradient_accumulation_steps,
-                        data_parallel_size=trainer.train_config.get("data_parallel_size") or 1)
 
 
 def checkpoint_blocks(trainer, models):

@@ -21,10 +21,11 @@ def count_flops_per_sample(trainer, samples_per_micro_batch):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
+    from .train_data import train_loaders
     shadow = offline_copy(trainer, "cpu")
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     build(shadow, fake)
-    batch = next(iter(as_stream(shadow.get_dataloaders(shadow.config.dataloaders.train), torch.device("cpu"))))
+    batch = next(iter(as_stream(train_loaders(shadow, shadow.config.dataloaders.train)[0], torch.device("cpu"))))
     dtype = AUTOCAST_DTYPES.get(shadow.mixed_precision or "no")
     autocast = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
     counter = FlopCounterMode(display=False)

@@ -6,7 +6,8 @@ the step (token_normalization.py)."""
 import torch
 
 from ..errors import ConfigError
-from .token_normalization import TokenCount, scale_gradients
+from .loss_forms import refuse_model_output, refuse_non_losses
+from .token_normalization import FORM, TokenCount, scale_gradients
 
 
 class LossBook:
@@ -29,9 +30,11 @@ class LossBook:
         """The loss to train from forward_step's output (a tensor, or a dict of named ones): each entry's
         mean, summed; each (and their sum, `total_loss`) is added to this step's. By tokens: the loss sum."""
         if self.tokens is not None:
+            refuse_model_output(losses, instead=f"{FORM} (train.loss_normalization='tokens')")
             loss = self.tokens.take(losses)
             self.this_step["total_loss"] = self.this_step.get("total_loss", 0) + loss.detach().float()
             return loss
+        refuse_non_losses(losses)
         named = losses if isinstance(losses, dict) else {}
         if named and "total_loss" in named:
             raise ConfigError("forward_step: a loss named 'total_loss' (the name of their sum): rename it")

@@ -1,34 +1,12 @@
-"""The Trainer's log_image, log_video and log_figure, and the validation-time sampling hook (sample_step).
-Logging is the main rank's alone and holds no collective: a call on every rank writes once, a call on the
-main rank only returns at once. Sampling runs on every rank (a sharded engine gathers weights in each
-forward: a main-rank-only forward would wait for the others forever); the main rank's samples are logged."""
-import logging
-
+"""The validation-time sampling hook (sample_step; log_image and the others are media_log.py's). Sampling runs
+on every rank (a sharded engine gathers weights in each forward: a main-rank-only forward would wait for the
+others forever); the main rank's samples are logged."""
 import torch
 
 from ..data.loader import to_device
 from ..errors import ConfigError
-from ..tracking.media import as_image, as_video
+from .media_log import log_media
 from .validation import ema_weights
-
-log = logging.getLogger("giga_train")
-SAMPLE_FPS = 8  # of a video sample_step returns (log_video inside sample_step for another rate)
-
-
-def log_media(trainer, kind, name, data, fps=None, step=None):
-    """`kind` 'image' or 'video'; at `step` (None: cur_step, the step being computed or the last done), main rank only."""
-    if not isinstance(name, str):
-        raise TypeError(f"log_{kind}: the name must be a string, got {name!r}")
-    if not trainer.is_main_process:
-        return
-    run_log = getattr(trainer, "run_log", None)
-    if run_log is None:
-        if not getattr(trainer, "_media_warned", False):
-            log.warning("log_%s(%r): no trackers outside train(); nothing logged", kind, name)
-            trainer._media_warned = True
-        return
-    array = as_image(data, f"log_{kind}({name!r})") if kind == "image" else as_video(data, f"log_video({name!r})")
-    run_log.metrics.log_media(trainer.cur_step if step is None else step, name, kind, array, fps or SAMPLE_FPS)
 
 
 def uses_sampling(trainer):

@@ -182,7 +182,8 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
     train = trainer.train_config
     classes = list(parse_class_names(train.activation_class_names)) or repeated_block_classes(model)
     if batch is None:
-        batch = next(iter(as_stream(trainer.get_dataloaders(trainer.config.dataloaders.train), torch.device("cpu"))))
+        from .train_data import train_loaders
+        batch = next(iter(as_stream(train_loaders(trainer, trainer.config.dataloaders.train)[0], torch.device("cpu"))))
     excluded = {_storage_key(t) for t in list(model.parameters()) + list(model.buffers())}
     seen, per_block, inputs, stack, in_blocks = {}, [], {}, [], set()
     first_block, order = {}, []  # input storage -> the block that first took it; each block's class

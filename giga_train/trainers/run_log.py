@@ -82,5 +82,18 @@ def log_end(trainer, checkpoint):
                  checkpoint)
         return
     loss = getattr(trainer, "last_metrics", {}).get("total_loss")
-    log.info("done at step %d%s; checkpoint: %s; TensorBoard: tensorboard --logdir %s", trainer.step,
-             f", final loss {loss:.4f}" if loss is not None else "", checkpoint, trainer.logging_dir)
+    if trainer.train_config.get("dry_run"):  # it wrote nothing: an earlier run's checkpoint is not its own
+        log.info("done at step %d%s (dry run)", trainer.step, f", final loss {loss:.4f}" if loss is not None else "")
+        return
+    log.info("done at step %d%s; checkpoint: %s; %s", trainer.step,
+             f", final loss {loss:.4f}" if loss is not None else "", checkpoint, where_the_logs_are(trainer))
+
+
+def where_the_logs_are(trainer):
+    """The end line's pointer to what the run logged: TensorBoard's command, else the JSONL file, else the log."""
+    names, folder = trainer.train_config.log_with, trainer.logging_dir
+    if "tensorboard" in names:
+        return f"TensorBoard: tensorboard --logdir {folder}"
+    if "jsonl" in names:
+        return f"metrics: {os.path.join(folder, 'metrics.jsonl')}"
+    return f"log: {os.path.join(folder, 'train.log')}"

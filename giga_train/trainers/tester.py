@@ -12,7 +12,9 @@ from ..data.device import to_device
 from ..registry import TRANSFORMS
 from ..schema.train import tester_kwargs
 from ..compat.utils import as_list
+from .media_log import log_media
 from .runner import Runner
+from .tester_log import TesterLog
 
 log = logging.getLogger("giga_train")
 
@@ -83,6 +85,7 @@ class Tester(Runner):
         torch.manual_seed(self.options.seed)  # the section's defaults are the schema's (TEST)
         self.log_interval = self.options.log_interval
         self._cur_step = 0
+        self._test_log = None  # the trackers: opened by the first log_image/log_video/log_figure
 
     def extra_options(self, options) -> dict:
         return tester_kwargs(options)
@@ -110,6 +113,31 @@ class Tester(Runner):
 
     def test(self) -> None:
         raise NotImplementedError(f"{type(self).__name__} must define test(self)")
+
+    # -- media to the trackers (test.log_with; files in logging_dir/test) --------------------------
+    def log_image(self, name, image, step=None) -> None:
+        """An image (CHW/HWC tensor or array, in [0, 1] or uint8, or PIL) at `step` (None: cur_step), main rank."""
+        log_media(self, "image", name, image, step=step)
+
+    def log_video(self, name, frames, fps=8, step=None) -> None:
+        """A video (T,C,H,W or T,H,W,C frames, or a list of images), as log_image."""
+        log_media(self, "video", name, frames, fps=fps, step=step)
+
+    def log_figure(self, name, figure, step=None) -> None:
+        """A matplotlib figure (anything with savefig), rendered to PNG, as log_image."""
+        log_media(self, "image", name, figure, step=step)
+
+    @property
+    def run_log(self) -> TesterLog:
+        if self._test_log is None:
+            self._test_log = TesterLog(self)
+        return self._test_log
+
+    def close_trackers(self) -> None:
+        """Flush and close the trackers log_image & co opened (the launcher calls it after test())."""
+        if self._test_log is not None:
+            self._test_log.close()
+            self._test_log = None
 
     # -- GigaTrain's properties and print hooks ---------------------------------------------------
     @property

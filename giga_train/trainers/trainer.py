@@ -23,14 +23,14 @@ from ..optimizers.group import OptimizerGroup
 from ..schema.train import train_kwargs
 from .building import (TRAINER_KEYWORDS, allow_tf32, build_optimizers, build_parts, build_schedulers, build_strategy,
                        checkpoint_blocks, float8_linears, parallelize_model, seed_everything, the_one_model,
-                       train_prepare_arguments, train_stream)
+                       train_loaders, train_prepare_arguments, train_stream)
 from .checkpointing import load_model_folders, write_config
 from .ema import EMA
 from .epochs import EpochClock, max_steps_by_epochs, samples_per_step, steps_per_epoch
 from .evaluation import Evaluation
 from .losses import LossBook
 from .lora import with_lora
-from .media import log_media
+from .media_log import log_media
 from .run_log import RunLog, log_end
 from .flop_count import model_flops_per_sample
 from .gigatrain_attributes import GigaTrainAttributes
@@ -67,7 +67,7 @@ class Trainer(GigaTrainAttributes, Runner):
         """The engine, then the building hooks in GigaTrain's order (docs/guide.md), then the parts."""
         self.start_job()
         self.strategy = build_strategy(self)
-        self._dataloaders = as_list(self.get_dataloaders(dataloaders))
+        self._dataloaders = train_loaders(self, dataloaders)  # a dataset returned: our stream over it
         self._stream = as_stream(self.dataloader, self.device)  # what the loop reads; checkpoints its position
         with building_context(self.config.launch, self.process_index):  # meta off rank 0 under rank-0 loading
             self._models = [with_lora(the_one_model(self.get_models(models)), self.train_config.get("lora"))]

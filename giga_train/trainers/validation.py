@@ -10,6 +10,7 @@ import torch
 from ..data.loader import to_device
 from ..errors import ConfigError
 from ..tracking.metrics import MetricSums
+from .loss_forms import refuse_model_output
 from .tester import RankShard, ordered_loader
 
 
@@ -66,15 +67,31 @@ class Validator:
         try:
             with torch.random.fork_rng(devices), torch.no_grad(), ema_weights(trainer.ema if on_ema else None), \
                     trainer.metrics_into(results):
+                # the same noise and timesteps at every validation (a diffusion loss draws them): the results
+                # compare across steps, for checkpoint_best and early_stopping
+                torch.manual_seed(trainer.train_config.seed or 0)
+                tokens = trainer.train_config.get("loss_normalization") == "tokens"
                 for batch, weight in itertools.islice(zip(self.loader, self.shard.weights()), self.max_batches):
                     results.weight = weight  # what the hook passes to log_metric counts as much as its batch
                     with trainer.strategy.autocast():
                         out = trainer.validation_step(to_device(batch, self.env.device))
+                    if tokens and isinstance(out, dict) and set(out) == set(TOKEN_SUMS.values()):
+                        for name, key in TOKEN_SUMS.items():  # each batch once: their means' ratio is the sums'
+                            results.add(name, out[key], weight=1.0 if weight else 0.0)
+                        continue
                     for name, value in _as_results(out).items():
                         results.add(name, value)
         finally:
             model.train(training)
-        return {f"val/{name}": value for name, value in results.average(cpu_group=self.env.cpu_group).items()}
+        averages = results.average(cpu_group=self.env.cpu_group)
+        if TOKEN_LOSS in averages:  # loss_normalization='tokens': every validation token's mean, as training's
+            averages["loss"] = averages.pop(TOKEN_LOSS) / max(averages.pop(TOKEN_COUNT), 1e-12)
+        return {f"val/{name}": value for name, value in averages.items()}
+
+
+# forward_step's dict(loss_sum, num_tokens) under loss_normalization='tokens', summed under these names
+TOKEN_LOSS, TOKEN_COUNT = "__loss_sum", "__num_tokens"
+TOKEN_SUMS = {TOKEN_LOSS: "loss_sum", TOKEN_COUNT: "num_tokens"}
 
 
 def _as_results(out):
@@ -82,6 +99,7 @@ def _as_results(out):
         return {}
     if torch.is_tensor(out):
         return {"loss": out}
+    refuse_model_output(out, "validation_step")
     if isinstance(out, dict):
         return out
     raise ConfigError(f"validation_step: return a tensor (logged as val/loss), a dict of named tensors or numbers,"
