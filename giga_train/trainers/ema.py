@@ -26,12 +26,13 @@ class EMA:
     the count of updates lives on the device and a skipped step does not advance it."""
 
     def __init__(self, module, decay, warmup=False, optimization_step=0, dtypes=None):
-        """`dtypes`: {name: dtype} of the weights as get_models built them; a bf16/fp16 weight's average is
-        kept (and written) in that dtype, as GigaTrain's EMAModel keeps it; fp32 otherwise."""
+        """`dtypes`: {state dict name: dtype} of the model as get_models built it; a bf16/fp16 weight's
+        average is kept (and written) in that dtype, as GigaTrain's EMAModel keeps it; fp32 otherwise. The
+        frozen weights and buffers are written in their built dtype too (an engine may have cast them)."""
         self.decay, self.warmup = decay, warmup
         self.names = [n for n, p in module.named_parameters() if p.requires_grad]
         self.params = [p for p in module.parameters() if p.requires_grad]
-        dtypes = {k.replace(WRAPPED, ""): v for k, v in (dtypes or {}).items()}
+        self.built = dtypes = {k.replace(WRAPPED, ""): v for k, v in (dtypes or {}).items()}
         self.shadow = [p.detach().to(_storage(dtypes.get(n.replace(WRAPPED, "")))).clone()
                        for n, p in zip(self.names, self.params)]
         device = self.params[0].device if self.params else torch.device("cpu")
@@ -88,9 +89,18 @@ class EMA:
     def state_dict(self, module):
         """The module's full state with the averaged weights in place of the trained ones, under every
         name a parameter has (a tied weight, e.g. an LM head sharing the embedding, is listed once by
-        named_parameters but twice in the state dict: both names get the average)."""
+        named_parameters but twice in the state dict: both names get the average). The rest (frozen weights,
+        buffers) in the dtype get_models built it in, as GigaTrain's EMAModel holds it: DeepSpeed's bf16/fp16
+        module holds cast copies."""
         shadow_of = {id(p): s for p, s in zip(self.params, self.shadow)}
-        return {k: shadow_of.get(id(v), v).detach() for k, v in module.state_dict(keep_vars=True).items()}
+        state = {}
+        for k, v in module.state_dict(keep_vars=True).items():
+            value = shadow_of.get(id(v), v).detach()
+            built = self.built.get(k.replace(WRAPPED, ""))
+            if id(v) not in shadow_of and built is not None and value.is_floating_point():
+                value = value.to(built)
+            state[k] = value
+        return state
 
     def load_state_dict(self, state, optimization_step=None, strict=True, where="the checkpoint"):
         """Averaged weights from a full state dict (and the update count, when given). A weight `state` lacks:

@@ -71,7 +71,7 @@ class Trainer(GigaTrainAttributes, Runner):
         with building_context(self.config.launch, self.process_index):  # meta off rank 0 under rank-0 loading
             self._models = [the_one_model(self.get_models(models))]
         self._built_rng = random_streams.capture()  # GigaTrain's stream goes on from here
-        self._built_dtypes = {n: p.dtype for n, p in self._models[0].named_parameters()}  # the EMA's (GigaTrain's)
+        self._built_dtypes = {n: t.dtype for n, t in self._models[0].state_dict().items() if torch.is_tensor(t)}  # the EMA's
 
         def make_optimizers(module):  # called by the engine with the module whose parameters it steps
             self._models = [module]
