@@ -11,7 +11,8 @@ would set) the same, plus DeepSpeed's fp32 master weights: both sides run DeepSp
 wrapper and clipping on the same gradients, so the masters are asserted bit-equal, not within a tolerance
 (DeepSpeed clips at 1.0 by default, GigaTrain's max_grad_norm unread; ours fills it from max_grad_norm=1.0).
 The EMA folder holds every tensor in the dtype the model was built in (fp32 here), frozen ones included, as
-GigaTrain's EMAModel (DeepSpeed's module holds them in bf16)."""
+GigaTrain's EMAModel (DeepSpeed's module holds them in bf16); the root model.safetensors (the live weights)
+in the module's bf16, as GigaTrain writes DeepSpeed's model folders."""
 import json
 import os
 import subprocess
@@ -60,6 +61,11 @@ def test_same_seed_same_numbers_as_gigatrain(tmp_path, lora, bf16, deepspeed):
     # the EMA in the dtype the model was built in (GigaTrain's EMAModel keeps it so), in memory and in <name>_ema/
     assert ours["ema_dtypes"] == ref["ema_dtypes"] == ["torch.bfloat16" if bf16 else "torch.float32"]
     assert ours["ema_files"] == ref["ema_files"] and ref["ema_files"]
+    # the live weights with EMA on: GigaTrain's Accelerate writes model.safetensors in the module's dtype, and
+    # under DeepSpeed none (they are in its pytorch_model/ only); ours always, in the module's dtype (bf16 there)
+    module_dtype = "BF16" if bf16 or deepspeed else "F32"
+    assert ours["live_files"] == {"model.safetensors": [module_dtype]}
+    assert ref["live_files"] == ({} if deepspeed else ours["live_files"])
     for k in set(ref["ema"]) - trained:  # frozen: GigaTrain's fp32 rounding of a constant average
         assert torch.allclose(torch.tensor(ours["ema"][k]), torch.tensor(ref["ema"][k]), rtol=1.2e-7, atol=1e-9), k
         assert ours["ema"][k] == ours["weights"][k]  # ours: exactly the frozen weights

@@ -183,17 +183,18 @@ def run(case):
         ema = trainer.ema.state_dict(model)
     ema_state = {k: v.detach().float().reshape(-1).tolist() for k, v in ema.items()
                  if isinstance(v, torch.Tensor) and v.is_floating_point()}
-    saved = {}  # the dtypes of the EMA folder GigaTrain's layout writes: <model_name>_ema/
+    saved, live = {}, {}  # the dtypes of the EMA folder GigaTrain's layout writes (<model_name>_ema/), and the rest
     from safetensors import safe_open
     for root, _, files in os.walk(os.path.join(project_dir, 'models')):
         for f in files:
-            if f.endswith('.safetensors') and os.path.basename(root).endswith('_ema'):
+            if f.endswith('.safetensors'):
                 with safe_open(os.path.join(root, f), 'pt') as st:
-                    saved[os.path.relpath(os.path.join(root, f), project_dir).split('/', 2)[-1]] = sorted(
-                        {str(st.get_slice(k).get_dtype()) for k in st.keys()})
+                    dtypes = sorted({str(st.get_slice(k).get_dtype()) for k in st.keys()})
+                name = os.path.relpath(os.path.join(root, f), project_dir).split('/', 2)[-1]
+                (saved if os.path.basename(root).endswith('_ema') else live)[name] = dtypes
     return dict(steps=RECORD['steps'], weights=state, masters=masters, ema=ema_state,
                 ema_dtypes=sorted({str(v.dtype) for v in ema.values() if isinstance(v, torch.Tensor)}),
-                ema_files=saved)
+                ema_files=saved, live_files=live)
 
 
 if __name__ == '__main__':
