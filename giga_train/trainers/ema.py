@@ -33,8 +33,12 @@ class EMA:
         self.names = [n for n, p in module.named_parameters() if p.requires_grad]
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.built = dtypes = {k.replace(WRAPPED, ""): v for k, v in (dtypes or {}).items()}
-        self.shadow = [p.detach().to(_storage(dtypes.get(n.replace(WRAPPED, "")))).clone()
-                       for n, p in zip(self.names, self.params)]
+        # each trained weight's name in the module's state dict, which checkpoints hold (a member's own
+        # state_dict may rename its weights: a LoRA wrapper's drops PEFT's adapter name)
+        key_of = {id(v): k for k, v in module.state_dict(keep_vars=True).items()}
+        self.keys = [key_of.get(id(p), n) for n, p in zip(self.names, self.params)]
+        self.shadow = [p.detach().to(_storage(dtypes.get(k.replace(WRAPPED, "")))).clone()
+                       for k, p in zip(self.keys, self.params)]
         device = self.params[0].device if self.params else torch.device("cpu")
         self._count = torch.full((), float(optimization_step), dtype=torch.float32, device=device)
 
@@ -106,16 +110,16 @@ class EMA:
         """Averaged weights from a full state dict (and the update count, when given). A weight `state` lacks:
         `strict` stops in one line naming it; otherwise (train.checkpoint_strict=False, as GigaTrain's
         non-strict load) its average starts from the weight as it is now (loaded just before)."""
-        missing = [n for n in self.names if n not in state]
+        missing = [k for k in self.keys if k not in state]
         if missing and strict:
-            raise CheckpointError(f"{where}: the EMA lacks {len(missing)} of {len(self.names)} trained weights"
+            raise CheckpointError(f"{where}: the EMA lacks {len(missing)} of {len(self.keys)} trained weights"
                                   f" ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); set"
                                   " train.checkpoint_strict=False to start their average from the weights")
         if missing:
             log.warning("resume: %s: the EMA lacks %d of %d trained weights (%s...); their average starts from"
-                        " the weights (train.checkpoint_strict=False)", where, len(missing), len(self.names),
+                        " the weights (train.checkpoint_strict=False)", where, len(missing), len(self.keys),
                         missing[0])
-        for name, shadow, param in zip(self.names, self.shadow, self.params):
+        for name, shadow, param in zip(self.keys, self.shadow, self.params):
             if name not in state:
                 shadow.copy_(param.detach())
                 continue
