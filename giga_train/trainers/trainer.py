@@ -128,9 +128,8 @@ class Trainer(GigaTrainAttributes, Runner):
 
     # -- GigaTrain's properties, and ours (unwrapped_model, sync_gradients, data_rank_and_world, epoch) -------
     @property
-    def mixed_precision(self) -> str | None:  # as GigaTrain's Trainer: None without mixed precision
-        mode = self.options.get("mixed_precision")
-        return None if mode in (None, "no") else mode
+    def mixed_precision(self) -> str | None:  # as GigaTrain's Trainer: the config's value, None when unset
+        return self.options.get("mixed_precision")
 
     unwrapped_model = property(lambda self: self.strategy.unwrap())  # the model without the engine's wrapper
     optimizers = property(lambda self: self._optimizers)
