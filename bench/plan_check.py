@@ -1,20 +1,29 @@
-"""`giga-train plan` against the peaks the throughput bench measured (bench/throughput*.json,
-`torch.cuda.max_memory_allocated` on one H200): one line per measured bf16 row of the giga path.
+"""`giga-train plan` against the peaks the benches measured (`torch.cuda.max_memory_allocated` on one H200):
+one line per measured bf16 row of the giga path of the throughput bench (bench/throughput*.json, Llama
+shapes), then one per measured Wan2.2-5B row (bench/video_speed*.json: NO + CAME8Bit at the file's shape,
+the rows' own train settings; bench/sequence_parallel.json: its one-GPU row, 1280x704x121 under FSDP2).
 
-    python3 bench/plan_check.py [--json bench/throughput.json ...]
+    python3 bench/plan_check.py [--json bench/throughput.json ...] [--wan-json bench/video_speed.json ...]
+        [--only llama|wan]
 
-The plan is made here on the CPU (the model on the meta device, activations on fake tensors); a row
-that ran compiled is marked: the plan counts what eager autograd saves."""
+The plan is made here on the CPU (the model on the meta device, activations on fake tensors; the Wan rows
+on a one-sample synthetic dataset of the row's shape); a row that ran compiled is marked: the plan counts
+what eager autograd saves. fp8 rows are left out (the plan counts bf16)."""
 import argparse
 import glob
 import json
 import os
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from giga_train.tools.plan import plan  # noqa: E402
+
+WAN_JSON = [os.path.join(ROOT, "bench", name)
+            for name in ("video_speed.json", "video_speed_720p.json", "sequence_parallel.json")]
+PLAN_ROW = {"NO": "NO", "FSDP2": "FSDP", "ZeRO-2": "ZERO2"}
 
 
 def measured_rows(paths):
@@ -30,13 +39,10 @@ def measured_rows(paths):
     return seen
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--json", nargs="*", default=sorted(glob.glob(os.path.join(ROOT, "bench", "throughput*.json"))))
-    args = parser.parse_args()
+def llama_table(paths):
     print("| size | engine | optimizer | micro-batch x acc. | compiled | measured GB | plan GB | error | plan fits |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for (size, strategy, optimizer, batch, accumulate, compiled), row in sorted(measured_rows(args.json).items()):
+    for (size, strategy, optimizer, batch, accumulate, compiled), row in sorted(measured_rows(paths).items()):
         overrides = [f"train.gradient_accumulation_steps={accumulate}"]
         if optimizer == "came8bit":
             overrides.append("optimizers.type=CAME8Bit")
@@ -51,6 +57,67 @@ def main():
         print(f"| {size} | {strategy} | {optimizer} | {batch or result['micro_batch']} x {accumulate} |"
               f" {'yes' if compiled else 'no'} | {measured / 1e9:.1f}{' OOM' if oom else ''} |"
               f" {planned['peak'] / 1e9:.1f} | {error} | {'yes' if planned['fits'] else 'no'} |", flush=True)
+
+
+def wan_rows(paths):
+    """(spec for bench/wan.py's row_config, the measured row) of each eager-or-compiled bf16 Wan row."""
+    for path in paths:
+        data = json.load(open(path))
+        meta = data.get("meta", {})
+        for row in data.get("rows", []):
+            if row.get("status") != "ok" or not row.get("peak_gib"):
+                continue
+            train = dict(row.get("train") or {})
+            if train.get("mixed_precision", "bf16") != "bf16":
+                continue
+            if "sp" in row:  # bench/sequence_parallel.py: FSDP2, checkpointing per block; its one-GPU row
+                if row["gpus"] != 1:
+                    continue
+                spec = dict(strategy="FSDP2", frames=row["frames"], height=meta.get("height", 704),
+                            width=meta.get("width", 1280), setting="checkpointing every block (FSDP2, 1 GPU)")
+            else:  # bench/video_speed.py: its meta names the shape (480x832 before it took --height/--width)
+                spec = dict(strategy=row.get("strategy", "NO"), frames=row["frames"],
+                            height=meta.get("height", 480), width=meta.get("width", 832),
+                            setting=row.get("setting", ""))
+            spec.update(optimizer=row.get("optimizer", "CAME8Bit"), train=train, device="cpu", tiny=False,
+                        steps=2, text_shape=(512, 4096))
+            yield spec, row
+
+
+def wan_table(paths):
+    from bench.wan import row_config, row_latent_shape
+    from examples.wan.samples import write_synthetic_dataset
+    print("| video | engine | setting | compiled | measured GiB | plan GiB | error | plan activations GiB |"
+          " blocks checkpointed |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="plan_check_wan_") as folder:
+        for spec, row in wan_rows(paths):
+            data = os.path.join(folder, f"data_{spec['frames']}_{spec['height']}x{spec['width']}")
+            if not os.path.isdir(data):
+                write_synthetic_dataset(data, 1, row_latent_shape(spec), spec["text_shape"], seed=0)
+            config = row_config(spec, data, os.path.join(folder, "project"))
+            result = plan(config, gpus=(1,))
+            planned = next(r for r in result["rows"] if r["strategy"] == PLAN_ROW[spec["strategy"]])
+            measured = row["peak_gib"] * 2**30
+            compiled = "dynamo_config" in spec["train"]
+            act = planned["activations"]
+            print(f"| {spec['width']}x{spec['height']}x{spec['frames']} | {spec['strategy']} | {spec['setting']} |"
+                  f" {'yes' if compiled else 'no'} | {row['peak_gib']:.2f} | {planned['peak'] / 2**30:.2f} |"
+                  f" {(planned['peak'] - measured) / measured:+.1%} |"
+                  f" {'-' if act is None else f'{act / 2**30:.2f}'} | {planned['checkpointed_blocks']} |", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", nargs="*", default=sorted(glob.glob(os.path.join(ROOT, "bench", "throughput*.json"))))
+    parser.add_argument("--wan-json", nargs="*", default=[p for p in WAN_JSON if os.path.exists(p)])
+    parser.add_argument("--only", choices=("llama", "wan"))
+    args = parser.parse_args()
+    if args.only != "wan":
+        llama_table(args.json)
+    if args.only != "llama":
+        print()
+        wan_table(args.wan_json)
 
 
 if __name__ == "__main__":

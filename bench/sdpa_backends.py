@@ -1,4 +1,4 @@
-"""SDPA's backends (flash, cuDNN, efficient, math) forward + backward at the Wan2.2-5B attention shapes:
+"""SDPA's backends (torch's default choice, flash, cuDNN, efficient, math) forward + backward at the Wan2.2-5B attention shapes:
 milliseconds per call and each backend's gradients against the math backend in fp32 (where that fits).
 
     python bench/sdpa_backends.py                   # CUDA: 24 heads x 128, bf16, 5,070 / 11,440 / 27,280 tokens
@@ -8,6 +8,7 @@ Layouts as diffusers' Wan passes them: (B, S, H, D) tensors permuted to (B, H, S
 a shape is a row. The reference is the math backend on fp32 copies (skipped above --math-max-tokens: its
 score matrix is H*S*S floats). Prints a table last and writes JSON (bench/sdpa_backends.json)."""
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+BACKENDS = {"default": None, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 
 
@@ -41,7 +42,7 @@ def sync(device):
 def measure(backend, tokens, args, reference):
     q, k, v = qkv(tokens, args.heads, args.head_dim, args.device, args.dtype)
     grad = torch.randn(q.shape, generator=torch.Generator(device="cpu").manual_seed(1)).to(args.device, args.dtype)
-    with sdpa_kernel([BACKENDS[backend]]):
+    with (contextlib.nullcontext() if BACKENDS[backend] is None else sdpa_kernel([BACKENDS[backend]])):
         out, grads = fwd_bwd(q, k, v, grad)  # warm-up (and the cuDNN plan)
         sync(args.device)
         start = time.perf_counter()

@@ -15,7 +15,6 @@ half). tokens/s per GPU = tokens per sample x samples per step / s per step / N.
 torch.cuda.max_memory_allocated over the ranks (peak RSS on CPU). Writes bench/sequence_parallel.json and
 prints a markdown table."""
 import argparse
-import datetime
 import glob
 import json
 import os
@@ -27,7 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from bench.wan import TINY_ARCH, BenchWanTrainer, optimizer_config  # noqa: E402
+from bench.results import end_row_child, failed_row, print_table_header, run_meta, write_results  # noqa: E402
+from bench.wan import TINY_ARCH, BenchWanTrainer, add_row_arguments, optimizer_config  # noqa: E402
 
 ROW_DIR = "SP_BENCH_ROW_DIR"  # where each rank writes its row
 
@@ -100,12 +100,7 @@ def spawn_row(spec, timeout):
     if len(ranks) != spec["gpus"]:
         if run is None:
             return dict(base, status="timeout", error=f"killed after {timeout:.0f} s")
-        output = (run.stdout + run.stderr).strip().splitlines()
-        print("\n".join(output[-60:]), file=sys.stderr)
-        cause = next((line for line in output if "OutOfMemoryError" in line), None) or \
-            next((line for line in reversed(output) if "Error" in line), output[-1] if output else "")
-        return dict(base, status="oom" if "OutOfMemoryError" in cause else "error",
-                    error=f"exit {run.returncode}: {cause.strip()}"[:300])
+        return failed_row(base, run, tail=60)
     step_s = max(r["step_s"] for r in ranks)  # the ranks step together; the slowest clock is the step
     samples = spec["gpus"] // spec["sp"]
     return dict(base, status="ok", step_s=step_s, samples_per_step=samples,
@@ -118,22 +113,15 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--gpus", type=int, default=None, help="ranks (default: every visible GPU)")
     p.add_argument("--sp", default="1,2,4,8", help="SP sizes to run (those that divide --gpus)")
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--tiny", action="store_true", help="a 2-block architecture instead of the 5B one")
+    add_row_arguments(p, steps=6, row_timeout_s=540, out=os.path.join(ROOT, "bench/sequence_parallel.json"))
     p.add_argument("--frames", type=int, default=121)
     p.add_argument("--height", type=int, default=704)
     p.add_argument("--width", type=int, default=1280)
-    p.add_argument("--steps", type=int, default=6, help="steps per row; the second half is timed")
-    p.add_argument("--row-timeout-s", type=float, default=540)
-    p.add_argument("--out", default=os.path.join(ROOT, "bench/sequence_parallel.json"))
-    p.add_argument("--row", help=argparse.SUPPRESS)
     p.add_argument("--row-dir", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.row:
         run_row(json.loads(args.row), args.row_dir)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        end_row_child()
     import torch
     gpus = args.gpus or (torch.cuda.device_count() if args.device == "cuda" else 1)
     text_shape = (16, 32) if args.tiny else (512, 4096)
@@ -149,18 +137,15 @@ def main():
                 if row["status"] == "ok" else f"{row['status']}: {row.get('error', '')}")
         print(f"[bench/sequence_parallel] {gpus} GPUs, SP={sp}: {done}", file=sys.stderr, flush=True)
     card = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    meta = dict(date=datetime.date.today().isoformat(), card=card, torch=torch.__version__, gpus=gpus,
-                arch="tiny" if args.tiny else "Wan2.2-TI2V-5B (random init)", frames=args.frames,
-                height=args.height, width=args.width, steps=args.steps,
-                setting="FSDP2 over dp_shard x sp, Ulysses, bf16 autocast, CAME8Bit, checkpointing per block",
-                command=" ".join(["python", "bench/sequence_parallel.py", *sys.argv[1:]]))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=2)
+    meta = run_meta("bench/sequence_parallel.py", card=card, torch=torch.__version__, gpus=gpus,
+                    arch="tiny" if args.tiny else "Wan2.2-TI2V-5B (random init)", frames=args.frames,
+                    height=args.height, width=args.width, steps=args.steps,
+                    setting="FSDP2 over dp_shard x sp, Ulysses, bf16 autocast, CAME8Bit, checkpointing per block")
+    write_results(args.out, meta=meta, rows=rows)
     print(f"\n{meta['date']}, {card}, torch {meta['torch']}, {meta['arch']}, {args.height}x{args.width} x"
           f" {args.frames} frames, {gpus} GPUs, {meta['setting']}, {args.steps} steps")
-    print("| sp | dp_shard | tokens/sample | samples/step | s/step | tokens/s per GPU | peak GiB per GPU | note |")
-    print("|---|---|---|---|---|---|---|---|")
+    print_table_header("sp", "dp_shard", "tokens/sample", "samples/step", "s/step", "tokens/s per GPU",
+                       "peak GiB per GPU", "note")
     for r in rows:
         if r["status"] == "ok":
             print(f"| {r['sp']} | {gpus // r['sp']} | {r['tokens']} | {r['samples_per_step']} | {r['step_s']:.3f} |"

@@ -20,7 +20,6 @@ torch.cuda.max_memory_allocated (peak RSS on CPU). An out-of-memory row is repor
 row is retried with fewer frames (49 -> 33 -> 17 -> 9 -> 1). A time budget (--budget-s) skips what no
 longer fits. Prints a markdown table last and writes JSON (bench/wan.json)."""
 import argparse
-import datetime
 import json
 import math
 import os
@@ -33,6 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from bench.results import end_row_child, failed_row, print_table_header, run_meta, write_results  # noqa: E402
 from bench.step_clock import TimedSteps, memory_fields  # noqa: E402
 from examples.wan.trainer import WanTrainer  # noqa: E402
 
@@ -215,17 +215,11 @@ def spawn_row(spec, timeout, args):
         try:
             run = subprocess.run(command + ["--row-result", result_path], cwd=cwd, env=env, capture_output=True,
                                  text=True, timeout=timeout)
-            output = (run.stdout + run.stderr).strip().splitlines()
             row = finished_row(result_path)
-            if row is None:
-                print("\n".join(output[-80:]), file=sys.stderr)
-                # the cause, not the launcher's summary after it (GigaTrain's Launcher even exits 0 then)
-                cause = next((line for line in output if "OutOfMemoryError" in line), None) or \
-                    next((line for line in reversed(output) if "Error" in line), output[-1] if output else "")
-                return dict(base, status="oom" if "OutOfMemoryError" in cause else "error",
-                            error=f"exit {run.returncode}: {cause.strip()}"[:300])
+            if row is None:  # no row written (GigaTrain's Launcher may even exit 0 then)
+                return failed_row(base, run, tail=80)
             if row["status"] == "error":
-                print("\n".join(output[-20:]), file=sys.stderr)
+                print("\n".join((run.stdout + run.stderr).strip().splitlines()[-20:]), file=sys.stderr)
         except subprocess.TimeoutExpired:
             row = finished_row(result_path)  # the row may have finished and only the process's exit hung
             if row is None:
@@ -246,10 +240,19 @@ def row_shape(spec):
     return dict(latents=list(shape), tokens=shape[1] * (shape[2] // 2) * (shape[3] // 2))
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_row_arguments(p, steps, row_timeout_s, out):
+    """The arguments of bench/wan.py and bench/sequence_parallel.py alike (--row: the child process of one row)."""
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--tiny", action="store_true", help="a 2-block architecture instead of the 5B one")
+    p.add_argument("--steps", type=int, default=steps, help="steps per row; the second half is timed")
+    p.add_argument("--row-timeout-s", type=float, default=row_timeout_s)
+    p.add_argument("--out", default=out)
+    p.add_argument("--row", help=argparse.SUPPRESS)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_row_arguments(p, steps=8, row_timeout_s=150, out=os.path.join(ROOT, "bench/wan.json"))
     p.add_argument("--rows", nargs="*", help="[gigatrain:]STRATEGY:OPTIMIZER, in order (default: ours, or"
                    " GigaTrain's beside ours with --gigatrain-*)")
     p.add_argument("--gigatrain-path", help="a folder holding GigaTrain 1.1.0 (first on its rows' PYTHONPATH)")
@@ -257,23 +260,17 @@ def main():
     p.add_argument("--frames", type=int, default=49, help="frames to try first (4k+1)")
     p.add_argument("--height", type=int, default=None, help="default 480 (64 with --tiny)")
     p.add_argument("--width", type=int, default=None, help="default 832 (64 with --tiny)")
-    p.add_argument("--steps", type=int, default=8, help="steps per row; the second half is timed")
     p.add_argument("--budget-s", type=float, default=330, help="wall-clock budget for all rows")
-    p.add_argument("--row-timeout-s", type=float, default=150)
     p.add_argument("--no-fallback", action="store_true", help="an out-of-memory row is not retried with fewer"
                    " frames (where the optimizer step is what does not fit, fewer frames do not help)")
     p.add_argument("--simulate-oom-above", type=int, help="rows raise OutOfMemoryError above this many frames")
     p.add_argument("--row-train", type=json.loads, default=None, help="JSON of train settings for every row"
                    " (e.g. '{\"activation_checkpointing\": false, \"dynamo_config\": {\"backend\": \"inductor\"}}')")
-    p.add_argument("--out", default=os.path.join(ROOT, "bench/wan.json"))
-    p.add_argument("--row", help=argparse.SUPPRESS)
     p.add_argument("--row-result", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.row:
         run_row(json.loads(args.row), args.row_result)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)  # the row is written: skip interpreter teardown (NCCL/gloo threads can hang or abort there)
+        end_row_child()
     if args.rows is None:
         args.rows = list(GIGATRAIN_ROWS if args.gigatrain_path or args.gigatrain_python else DEFAULT_ROWS)
     if args.simulate_oom_above is not None:
@@ -341,24 +338,20 @@ def report(rows, args, height, width):
         diffusers_version = None
     card = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     params = next((r["params"] for r in rows if "params" in r), None)
-    meta = dict(date=datetime.date.today().isoformat(), card=card, torch=torch.__version__,
-                diffusers=diffusers_version, arch="tiny" if args.tiny else "Wan2.2-TI2V-5B (random init)",
-                params=params, height=height, width=width, steps=args.steps, batch=1,
-                precision="bf16: autocast over fp32 parameters; under DeepSpeed bf16 weights + fp32 master copies",
-                activation_checkpointing="WanTransformerBlock",
-                command=" ".join(["python", "bench/wan.py", *sys.argv[1:]]))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(dict(meta=meta, rows=rows, giga_train_vs_gigatrain=[
-            dict(strategy=s, optimizer=o, step_rate_ratio=theirs["step_s"] / ours["step_s"],
-                 peak_ratio=ours["peak_gib"] / theirs["peak_gib"]) for s, o, theirs, ours in comparisons(rows)]),
-            f, indent=2)
+    meta = run_meta("bench/wan.py", card=card, torch=torch.__version__,
+                    diffusers=diffusers_version, arch="tiny" if args.tiny else "Wan2.2-TI2V-5B (random init)",
+                    params=params, height=height, width=width, steps=args.steps, batch=1,
+                    precision="bf16: autocast over fp32 parameters; under DeepSpeed bf16 weights + fp32 master copies",
+                    activation_checkpointing="WanTransformerBlock")
+    write_results(args.out, meta=meta, rows=rows, giga_train_vs_gigatrain=[
+        dict(strategy=s, optimizer=o, step_rate_ratio=theirs["step_s"] / ours["step_s"],
+             peak_ratio=ours["peak_gib"] / theirs["peak_gib"]) for s, o, theirs, ours in comparisons(rows)])
     peak = "peak GiB (max allocated)" if args.device == "cuda" else "peak RSS GiB"
     print(f"\n{meta['date']}, {card}, torch {meta['torch']}, diffusers {diffusers_version}, {meta['arch']}"
           f"{f' ({params / 1e9:.3f}B params)' if params else ''}, {height}x{width}, batch 1, {meta['precision']},"
           f" activation checkpointing per WanTransformerBlock, {args.steps} steps")
-    print(f"| trainer | strategy | optimizer | frames (latents) | tokens | s/step | {peak} | init s | loss | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print_table_header("trainer", "strategy", "optimizer", "frames (latents)", "tokens", "s/step", peak, "init s", "loss",
+                       "note")
     for r in rows:
         shape = f"{r['frames']} ({'x'.join(map(str, r['latents']))})" if "latents" in r else str(r["frames"])
         if r["status"] == "ok":
@@ -374,8 +367,8 @@ def report(rows, args, height, width):
                   f" {peak_value} | | | {note.replace('|', '/')} |")
     pairs = comparisons(rows)
     if pairs:
-        print("\n| strategy | optimizer | giga-train step rate / GigaTrain's | giga-train peak / GigaTrain's |")
-        print("|---|---|---|---|")
+        print()
+        print_table_header("strategy", "optimizer", "giga-train step rate / GigaTrain's", "giga-train peak / GigaTrain's")
         for strategy, optimizer, theirs, ours in pairs:
             print(f"| {strategy} | {optimizer} | {theirs['step_s'] / ours['step_s']:.2f}x |"
                   f" {ours['peak_gib'] / theirs['peak_gib']:.2f} |")

@@ -57,6 +57,13 @@ MEANINGS = {
         profile_memory="torch.profiler's switch", with_stack="torch.profiler's switch",
         with_flops="torch.profiler's switch"),
     "test": dict(log_interval="batches between log lines"),
+    "lora": dict(
+        target_modules="module names, each matched as a name suffix (as peft does), or one regex string; None:"
+                       " peft's own list for the transformers architectures it knows",
+        model="the model to adapt: None, the one get_models returns (or a ModuleDict's only member); a"
+              " ModuleDict member's name, or a list of them",
+        base="the base named in checkpoints (adapter_config.json's base_model_name_or_path, meta.json): its folder"
+             " or hub id; None: peft's, the name_or_path of a transformers or diffusers model (write it for others)"),
 }
 
 
@@ -92,7 +99,7 @@ def key_table(keys, comments, meanings):
 def tables():
     from giga_train.compat import accelerate
     from giga_train.engine import compile as compile_, fp8
-    from giga_train.schema import launch, loader, train, validate
+    from giga_train.schema import launch, lora, loader, train, validate
     parts = [
         ("### The sections", key_table(validate.SECTIONS, comments_of(validate), MEANINGS["sections"])),
         ("### `launch`", key_table(launch.LAUNCH, comments_of(launch), MEANINGS["launch"])),
@@ -100,6 +107,8 @@ def tables():
          key_table(loader.LOADER, comments_of(loader), MEANINGS["loader"])),
         ("### `train`", key_table(train.TRAIN, comments_of(train), MEANINGS["train"])),
         ("### `train.profile`", key_table(train.PROFILE, comments_of(train), MEANINGS["profile"])),
+        ("### `train.lora` (any other field of peft's `LoraConfig` is passed to it as it is)",
+         key_table(lora.LORA, comments_of(lora), MEANINGS["lora"])),
         ("### `test`", key_table(train.TEST, comments_of(train), MEANINGS["test"])),
         ("### `launch.fsdp_config` (Accelerate's keys; the `fsdp_` prefix may be left out)",
          "Keys: " + ", ".join(f"`{k}`" for k in accelerate.FSDP_KEYS) + ".\n\nDefaults: "

@@ -41,9 +41,11 @@ def test_blocks_checkpointed_follow_the_budget(tmp_path, data):
     count = count_activations(shadow, lambda mode: _build(shadow, mode), FakeTensorMode(allow_non_fake_inputs=True))
     assert count.blocks == BLOCKS and count.with_first_checkpointed(BLOCKS) == count.checkpointed
     assert count.with_first_checkpointed(0) == count.saved
-    # accumulating 2 micro-batches: peak = states + gradients + activations; each further block saves less
-    sizes = [count.with_first_checkpointed(n) for n in range(BLOCKS + 1)]
+    # accumulating 2 micro-batches: peak = states + gradients + the most activations backward holds (the
+    # recomputed block among them); each further block checkpointed holds less
+    sizes = [count.backward_peak(n, 0, accumulation=2) for n in range(BLOCKS + 1)]
     assert sizes[2] > sizes[3] > sizes[4]
+    assert sizes[4] > count.checkpointed - count.largest_block  # more than what the forward keeps
     limits, reason = auto_checkpointing(trainer, model, f"{(sizes[0] + 2**20) / 2**20:.3f}MiB")
     assert limits == {} and reason.startswith(f"activation checkpointing 'auto': 0 of {BLOCKS} blocks") \
         and "within" in reason

@@ -42,3 +42,14 @@ def test_tune_runs_each_candidate_apart_and_prints_set_lines_that_check_accepts(
     assert lines and all(shlex.split(line)[1] in best["sets"] for line in lines)
     assert cli(["check", TINY, *[x for line in lines for x in shlex.split(line)]]) == 0
     assert not list(tmp_path.glob("**/checkpoint_*"))  # candidates write no checkpoint
+
+
+def test_fastest_takes_the_most_samples_per_second_and_breaks_a_tie_by_the_lower_peak():
+    from giga_train.tools.tune import _fastest
+    rows = [dict(name="mb1", status="ok", samples_per_sec=2.59, peak_gb=46.1),
+            dict(name="mb2", status="ok", samples_per_sec=2.62, peak_gb=62.5),
+            dict(name="oom", status="failed: OutOfMemoryError", samples_per_sec=9.0, peak_gb=1.0)]
+    assert _fastest(rows)["name"] == "mb1"  # 1% apart: a tie, the lower peak wins
+    rows[1]["samples_per_sec"] = 2.80      # 8% faster: no longer a tie
+    assert _fastest(rows)["name"] == "mb2"
+    assert _fastest(rows[2:]) is None

@@ -18,9 +18,9 @@ import torch
 
 from ..errors import TrainingStopped
 from .async_writer import AsyncWriter
-from .formats.model_layout import (EMA_SUFFIX, SHARDS_KEY, is_sharded, layout_meta, read_weights, shards_folder, write_live,
-                     write_model_folders, write_shards)
-from .formats.adapters import check_adapter_fit
+from .formats.model_layout import (EMA_SUFFIX, SHARDS_KEY, is_sharded, layout_meta, model_folders, read_weights,
+                                   shards_folder, write_live, write_model_folders, write_shards)
+from .formats.adapters import all_adapters, check_adapter_fit, only, saved_keys
 from .manager import CheckpointManager, disk_error, free_bytes, read_meta
 from .formats.full_state import deepspeed_meta, read_dcp, read_deepspeed
 from .safe_unpickle import load_dcp
@@ -81,7 +81,7 @@ class Checkpointer:
         state into host memory."""
         self.wait()  # at most one save in flight: its error surfaces here
         meta = dict(meta, layout=layout_meta(self.strategy.unwrap(), self.model_name, self.ema is not None,
-                                             sharded=self.strategy.sharded_checkpoints))
+                                             sharded=self.sharded))
         tmp = self.folders.tmp_path(epoch, step)
         try:
             start = time.perf_counter()
@@ -135,7 +135,7 @@ class Checkpointer:
         write(taken) only writes files into `tmp` (in a thread with checkpoint_async; `process_group`
         for write_state's collectives). One list for both modes: their files are the same."""
         strategy, join = self.strategy, os.path.join
-        if strategy.sharded_checkpoints:  # each rank writes its own shards: no gather of the model
+        if self.sharded:  # each rank writes its own shards: no gather of the model
             parts = [(lambda: self.model_shards(copy=copy),
                       lambda state: write_shards(shards_folder(tmp), state, process_group))]
             if self.ema is not None:
@@ -167,16 +167,32 @@ class Checkpointer:
         the main rank (None elsewhere); a collective under sharding. `copy`: tensors the training can no
         longer change. Off the CPU the full state already is a fresh host copy; on a CPU run `.cpu()`
         returns the live tensors, so they are cloned."""
-        strategy = self.strategy
-        state = strategy.full_state_dict(state) if state is not None else strategy.model_state_dict()
+        strategy, keys = self.strategy, self.saved_keys()  # a PEFT adapter: its own tensors only (adapters.py)
+        if state is not None:
+            state = strategy.full_state_dict(only(state, keys))
+        else:
+            state = strategy.model_state_dict() if keys is None else strategy.model_state_dict(keys)
         if not self.env.is_main:
             return None
         return host_copy(state) if copy and strategy.device.type == "cpu" else state
 
     def model_shards(self, state=None, copy=False):
         """This rank's shards of the model state (or of `state`), for write_shards; `copy`: host copies."""
-        state = self.strategy.model_shards(state)
+        state = only(self.strategy.model_shards(state), self.saved_keys())
         return host_copy(state, pinned=self.strategy.device.type == "cuda") if copy else state
+
+    @property
+    def sharded(self):
+        """Whether the model goes into each rank's shards (fsdp_state_dict_type='SHARDED_STATE_DICT'): not when
+        every member is a PEFT adapter, whose tensors alone are gathered (they are small; the base never is) and
+        written in PEFT's format, loadable as they are. A ModuleDict that also has other members is sharded, the
+        adapters' tensors alone for theirs."""
+        return self.strategy.sharded_checkpoints and not all_adapters(model_folders(self.strategy.unwrap(),
+                                                                                    self.model_name))
+
+    def saved_keys(self):
+        """The model's keys a checkpoint holds: with PEFT adapters, theirs (not the frozen base); else None (all)."""
+        return saved_keys(model_folders(self.strategy.unwrap(), self.model_name))
 
     def write_model(self, tmp, state, ema=False):
         """Write what model_snapshot took into checkpoint folder `tmp` in GigaTrain's layout: the live
@@ -210,13 +226,14 @@ class Checkpointer:
         weights, engine state, `load_training_state(state)` with the trainer's state, EMA, RNG."""
         self.wait()
         strategy, meta = self.strategy, read_meta(path)
-        if is_sharded(meta):
+        adapters = bool((meta.get("layout") or {}).get("adapters"))  # PEFT adapters only: the base is get_models'
+        if is_sharded(meta) and not adapters:
             strategy.load_model_shards(shards_folder(path), self.strict)
-        else:
+        else:  # an adapter's shards are read whole (it is small), its tensors only
             state = read_weights(path, meta)
-            if (meta.get("layout") or {}).get("adapters"):  # PEFT adapters only: the base is get_models'
+            if adapters:
                 check_adapter_fit(strategy.unwrap(), state, path)
-            strategy.load_model_state(state, self.strict and not (meta.get("layout") or {}).get("adapters"))
+            strategy.load_model_state(state, self.strict and not adapters)
         if not any(os.path.exists(os.path.join(path, name)) for name in ENGINE_STATE):
             log.warning("resume: %s holds no optimizer state (train.checkpoint_save_optimizer=False dropped it);"
                         " the optimizer starts afresh", path)
@@ -226,7 +243,7 @@ class Checkpointer:
         if self.ema is not None:
             config = os.path.join(path, EMA_CONFIG)
             step = json.load(open(config))["optimization_step"] if os.path.isfile(config) else None
-            if is_sharded(meta):
+            if is_sharded(meta) and not adapters:
                 self.load_ema_shards(shards_folder(path, ema=True), step)
             else:
                 self.ema.load_state_dict(read_weights(path, meta, ema=True), step, self.strict, path)

@@ -1,16 +1,9 @@
 """Reading pickled checkpoint files without running code from them.
 
-A pickle can name any importable callable and call it (`__reduce__`), so a crafted checkpoint file
-would run code at resume. Every pickled file we read goes through an allow-list instead:
-- torch.save files (DeepSpeed's `mp_rank_*_model_states.pt`, `*optim_states.pt`, the universal pieces,
-  our own training_state/random_states/precision files): torch.load(weights_only=True), with the few
-  DeepSpeed classes those files hold registered as safe globals (`torch_load`);
-- torch.distributed.checkpoint's `.metadata`, a plain pickle of DCP's dataclasses: `load_metadata`,
-  through `SafeFileSystemReader` wherever we load DCP (`dcp.load(..., storage_reader=...)`);
-- libraries that call torch.load(weights_only=False) themselves (DeepSpeed's load_checkpoint and its
-  universal converter): inside `safe_torch_loads()` their torch.load calls are the allow-listed one.
-Anything else named in such a file stops the load with UnsafeCheckpointError, one line naming the
-file and the object; nothing from the file was called."""
+Every pickled file we read goes through an allow-list: torch.load(weights_only=True) with DeepSpeed's few
+classes registered (`torch_load`), DCP's `.metadata` (`load_metadata`, `SafeFileSystemReader`), and libraries
+that call torch.load themselves inside `safe_torch_loads()`. Anything else named in a file stops the load with
+UnsafeCheckpointError, one line naming the file and the object."""
 import contextlib
 import functools
 import importlib

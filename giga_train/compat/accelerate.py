@@ -47,8 +47,16 @@ def as_float(where, value):
     return float(value)
 
 
-def as_choice(where, value, choices):
-    """One of `choices`, case-insensitive; Accelerate also takes an enum's 1-based index ('1' = the first)."""
+def as_choice(where, value, choices, refused=None):
+    """One of `choices`, case-insensitive; Accelerate also takes an enum's 1-based index ('1' = the first).
+    `refused`: {choice: why}, the choices Accelerate takes and we do not, each refused in one line."""
+    choice = _choice(where, value, choices)
+    if choice in (refused or {}):
+        raise ConfigError(f"{where}: {choice!r} {refused[choice]}")
+    return choice
+
+
+def _choice(where, value, choices):
     if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= len(choices):
         return choices[value - 1]
     if isinstance(value, str) and value.strip().isdigit() and 1 <= int(value) <= len(choices):
@@ -104,11 +112,10 @@ def normalise_fsdp(user):
             raise ConfigError(f"{at('fsdp_version')}: {given['fsdp_version']!r} is not 1 or 2")
     v2 = out["fsdp_version"] == 2
     if "fsdp_auto_wrap_policy" in given:
-        policy = as_choice(at("fsdp_auto_wrap_policy"), given["fsdp_auto_wrap_policy"], WRAP_POLICIES)
-        if policy == "SIZE_BASED_WRAP":
-            raise ConfigError(f"{at('fsdp_auto_wrap_policy')}: 'SIZE_BASED_WRAP' is not implemented; use"
-                              " 'TRANSFORMER_BASED_WRAP' with fsdp_transformer_layer_cls_to_wrap")
-        out["fsdp_auto_wrap_policy"] = policy
+        out["fsdp_auto_wrap_policy"] = as_choice(
+            at("fsdp_auto_wrap_policy"), given["fsdp_auto_wrap_policy"], WRAP_POLICIES,
+            refused={"SIZE_BASED_WRAP": "is not implemented; use 'TRANSFORMER_BASED_WRAP' with"
+                                        " fsdp_transformer_layer_cls_to_wrap"})
     if given.get("fsdp_transformer_layer_cls_to_wrap") is not None:
         out["fsdp_transformer_layer_cls_to_wrap"] = class_list(at("fsdp_transformer_layer_cls_to_wrap"),
                                                               given["fsdp_transformer_layer_cls_to_wrap"])
@@ -137,13 +144,12 @@ def normalise_fsdp(user):
             raise ConfigError(f"{at('fsdp_backward_prefetch')}: only 'BACKWARD_PRE' (torch's default) is"
                               f" implemented with fsdp_version=1, got {prefetch!r}")
     if "fsdp_state_dict_type" in given:
-        kind = as_choice(at("fsdp_state_dict_type"), given["fsdp_state_dict_type"], STATE_DICT_TYPES)
-        if kind == "LOCAL_STATE_DICT":
-            raise ConfigError(f"{at('fsdp_state_dict_type')}: 'LOCAL_STATE_DICT' is not supported (checkpoints"
-                              " must reload at any world size); use FULL_STATE_DICT or SHARDED_STATE_DICT")
         # FULL: the model gathered into its folders at each checkpoint; SHARDED: each rank writes its shards
         # (checkpoint/formats/model_layout.py)
-        out["fsdp_state_dict_type"] = kind
+        out["fsdp_state_dict_type"] = as_choice(
+            at("fsdp_state_dict_type"), given["fsdp_state_dict_type"], STATE_DICT_TYPES,
+            refused={"LOCAL_STATE_DICT": "is not supported (checkpoints must reload at any world size); use"
+                                         " FULL_STATE_DICT or SHARDED_STATE_DICT"})
     if as_bool(at("fsdp_forward_prefetch"), given.get("fsdp_forward_prefetch", False)) and not v2:
         raise ConfigError(f"{at('fsdp_forward_prefetch')}: forward prefetch is not implemented (FSDP1); remove it")
     if "fsdp_use_orig_params" in given and not v2 and not as_bool(at("fsdp_use_orig_params"),
@@ -172,12 +178,10 @@ def normalise_fsdp(user):
 
 def _reshard_of(where, value):
     """A sharding strategy name (or its index) -> reshard_after_forward; the strategies we cannot run: refused."""
-    name = as_choice(where, value, SHARDING)
-    if name == "NO_SHARD":
-        raise ConfigError(f"{where}: 'NO_SHARD' is data parallelism: use distributed_type='DDP'")
-    if name.startswith("HYBRID_SHARD"):
-        raise ConfigError(f"{where}: {name!r} (sharding within a node, replication across nodes) is not"
-                          " implemented; use 'FULL_SHARD' or 'SHARD_GRAD_OP'")
+    hybrid = ("(sharding within a node, replication across nodes) is not implemented; use 'FULL_SHARD' or"
+              " 'SHARD_GRAD_OP'")
+    name = as_choice(where, value, SHARDING, refused={"NO_SHARD": "is data parallelism: use distributed_type='DDP'",
+                                                       "HYBRID_SHARD": hybrid, "HYBRID_SHARD_ZERO2": hybrid})
     return name == "FULL_SHARD"  # SHARD_GRAD_OP keeps the gathered parameters until backward (ZeRO-2 like)
 
 

@@ -1,14 +1,7 @@
-"""GigaTrain's data path through giga_datasets (the optional `gigatrain` extra, docs/guide.md "Data through giga_datasets").
-
-What a dataloaders section's keys mean, as in GigaTrain 1.1 (docs/GIGATRAIN.md section 13):
-- `data_or_config`: a dataset folder (or its config.json) or a dict whose `_class_name` our DATASETS
-  lacks is opened by `giga_datasets.load_dataset`; a list of entries becomes giga_datasets'
-  ConcatDataset of each; a dict naming one of our datasets (or a dotted path) is built by DATASETS.
-- `filter`: `dataset.filter(**filter)`; `transform`: `dataset.set_transform(...)` where the dataset
-  has that method (every giga_datasets dataset), else applied by the loader to each sample.
-- `collator`: `giga_datasets.DefaultCollator(**collator)`, also the default for a dataset opened
-  by giga_datasets (ints and strings stay lists, as GigaTrain's batches have them).
-Without the package, an entry that needs it raises one line naming it."""
+"""GigaTrain's data path through giga_datasets (the optional `gigatrain` extra): a dataloaders section's
+`data_or_config`, `filter`, `transform` and `collator` mean what they mean in GigaTrain 1.1 (docs/guide.md,
+"Data through giga_datasets"; docs/GIGATRAIN.md section 13). Without the package, an entry that needs it
+raises one line naming it."""
 import os
 
 import torch

@@ -1,29 +1,10 @@
-"""Reading a checkpoint folder that the real GigaTrain 1.1 wrote into the state our loader takes, so that
-`train.resume` continues a GigaTrain run under giga-train.
+"""Reading a checkpoint folder that the real GigaTrain 1.1 wrote (Accelerate's save_state, one process or
+DDP) into the state our loader takes, so that `train.resume` continues a GigaTrain run under giga-train.
 
-GigaTrain saves through Accelerate's save_state (one process or DDP). A folder holds (seen on its files):
-- the live weights: one folder per ModuleDict member (`<member>/`, `model/` for a plain module) with
-  config.json and `diffusion_pytorch_model.safetensors|.bin`; with EMA those folders are `<member>_ema/`
-  (the average, with `ema_config.json` beside them) and the live weights are Accelerate's own
-  `model.safetensors` (or `pytorch_model.bin`) at the folder's root;
-- `optimizer.bin`, `optimizer_1.bin`, ...: each optimizer's torch state_dict, its state keyed by the
-  parameter's position in its param groups; `scheduler.bin`, `scheduler_1.bin`, ...: LambdaLR's state;
-- `random_states_R.pkl` per process (python, numpy, torch RNG), `custom_checkpoint_0.pkl`, the
-  Trainer's state_dict ({"step": S}), and under fp16 `scaler.pt` (the GradScaler's state).
-Every pickled file is read through the allow-list (safe_unpickle): tensors, numbers, strings, and for
-the RNG file numpy's uint32 arrays. The data position is not in the folder: GigaTrain derives it from the
-step (its resume sets the sampler's epoch and skips the epoch's consumed batches), and so does this.
-
-Parameter names: Accelerate's optimizer state is positional. GigaTrain's get_optimizers builds one optimizer
-over the trainable parameters of its models in `parameters()` order, or one per model; ours does the same
-(Trainer.get_optimizers), so position i of the saved groups, taken across optimizer.bin, optimizer_1.bin,
-..., is the i-th parameter our engine's optimizer steps (Strategy.optimizer_layout). Every saved tensor's
-shape is checked against that parameter's, so a different model or optimizer split stops in one line.
-
-GigaTrain's CAME8Bit keeps its first moment of matrices over `min_8bit_size` as min-max 8-bit blocks of
-rows; ours keeps signed square-root codes in blocks of elements (optimizers/kernels/qmap.py). The moment
-is decoded from GigaTrain's codes (exactly what GigaTrain would step with) and encoded in ours (bounded by
-our code's resolution); the fp32 statistics are copied as they are."""
+Every pickle is read through the allow-list (safe_unpickle); the positional optimizer state is matched to our
+parameters by position and shape, GigaTrain's CAME8Bit moment re-encoded in our code map, and the data
+position derived from the step (docs/checkpoints.md, "Moving a GigaTrain 1.1 run over"; the folder:
+docs/GIGATRAIN.md section 12.1)."""
 import glob
 import json
 import logging

@@ -1,24 +1,9 @@
 """Streaming data: an IterableDataset (no length, no indices) as the endless, resumable stream of micro-batches
 the training loop reads, sharded by rank and DataLoader worker.
 
-Sharding. Shard `rank * num_workers + worker` of `world_size * num_workers`: a dataset with
-`set_shard(index, count)` shards itself (reads only its part); any other keeps every count-th sample of
-its stream (each worker reads the whole stream and drops the rest: correct for any iterable, costly).
-
-Batching happens in the worker, and each batch travels with the worker's position after it, so the main
-process always knows where every worker stands in what the loop has consumed (prefetched batches are
-not counted). Epoch = one pass of the stream; a shard that ends starts the next epoch on its own (ranks
-may be in different epochs: their shards need not be equal).
-
-Resume:
-- a stateful dataset (state_dict/load_state_dict, torchdata's Stateful protocol): exact. Each worker
-  reloads its dataset state and sample counter, and the workers' round robin continues with the worker
-  that was next;
-- any other: the consumed batches of the epoch are drawn again and dropped (GigaTrain's skip): exact when
-  the stream is deterministic for an epoch (set_epoch(epoch) is called when the dataset has it), at the
-  cost of reading them again.
-Per-rank positions go into the checkpoint as data_state_<rank>.pt. A resume at another world size or
-number of workers cannot continue the shards: the epoch restarts (said in one line)."""
+Each batch carries its worker's position after it, so the position saved (data_state_<rank>.pt) is what the
+loop consumed: a stateful dataset resumes exactly, any other replays the epoch's consumed batches
+(docs/config.md, "Streaming data")."""
 import hashlib
 import logging
 import random

@@ -36,10 +36,10 @@ def _saved_ops():
 
 
 def _save_matmuls(ctx, op, *args, **kwargs):
-    return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE if op in SELECTIVE_SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-_SAVED_OPS = _saved_ops()
+SELECTIVE_SAVED_OPS = _saved_ops()  # what "selective" keeps of a block (memory_counts counts them too)
 
 
 def _checkpoint_forward(module, selective=False):

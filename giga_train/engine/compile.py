@@ -1,22 +1,9 @@
 """train.dynamo_config: torch.compile each repeated block in place (regional compilation).
 
-Every instance of a block class runs the same code, so dynamo traces and inductor compiles one block
-and reuses the graph for all of them: compile time is one block's, not the whole model's, and a
-change outside the blocks (the loss, the head) cannot recompile the model. Blocks are compiled with
-`module.compile()`, in place, so parameter names, state dicts and the sharding wrappers applied
-afterwards (fully_shard, DDP) are unchanged.
-
-Which blocks: `block_class_names` if given; else the FSDP wrap classes; else the activation
-checkpointing classes; else the classes of the model's repeated blocks (an nn.ModuleList whose
-children are all one class). With none found, or `use_regional_compilation=False`, the whole model
-is compiled. The names are accelerate's TorchDynamoPlugin fields, so GigaTrain configs carry over.
-
-Inductor's mix-order reduction (torch 2.10+, on by default on CUDA) is turned off for what we compile:
-it fuses reductions over different dimensions into one kernel, and on the Wan transformer's backward at
-11k+ tokens that kernel returns wrong gradients for the broadcast modulation (scale_shift_table and the
-time embedding), while the loss stays right (bench/compile_mix_order_repro.py; docs/performance.md).
-Off, compiled and eager gradients agree and the speed is unchanged. A user's own `options` entry wins.
-"""
+One block's graph serves every instance of its class, and parameter names, state dicts and the sharding
+wrappers applied afterwards are unchanged; with no block class found, or `use_regional_compilation=False`,
+the whole model is compiled. Inductor's mix-order reduction is turned off for what we compile (a user's own
+`options` entry wins): docs/performance.md says why."""
 import logging
 
 

@@ -17,6 +17,7 @@ from ..checkpoint.formats.full_state import DEEPSPEED_DIR, DEEPSPEED_TAG, deepsp
 from ..checkpoint.safe_unpickle import safe_torch_loads
 from .protocol import OVERFLOW, StepResult, Strategy
 from .deepspeed_state import set_full_state
+from ..checkpoint.formats.adapters import WRAPPED
 
 
 @STRATEGIES.register(name="DEEPSPEED")
@@ -156,14 +157,17 @@ class DeepSpeedStrategy(Strategy):
             release(None)
 
     # -- state --------------------------------------------------------------------------------
-    def model_state_dict(self):
+    def model_state_dict(self, keys=None):
         """The whole weights in the engine module's dtype (bf16/fp16 under mixed precision; partitioned under
         ZeRO-3, gathered here), as GigaTrain writes the model folders under DeepSpeed: the fp32 master weights
         rounded as the engine rounds them into its module. The masters themselves stay in DeepSpeed's own
-        files, which resume (any strategy, any world size), export and convert read. A collective."""
+        files, which resume (any strategy, any world size), export and convert read. A collective. `keys`:
+        only those (a PEFT adapter's)."""
         from deepspeed.utils import safe_get_full_fp32_param
         state = {}
         for key, value in self.unwrap().state_dict(keep_vars=True).items():
+            if keys is not None and key not in keys:
+                continue
             full = safe_get_full_fp32_param(value) if isinstance(value, torch.nn.Parameter) else None
             if full is None and hasattr(value, "ds_id"):  # a frozen ZeRO-3 parameter: gather it
                 import deepspeed
@@ -184,10 +188,20 @@ class DeepSpeedStrategy(Strategy):
 
     def write_state(self, folder, state=None, process_group=None):
         client = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
-        self.model.save_checkpoint(os.path.join(folder, DEEPSPEED_DIR), tag=DEEPSPEED_TAG, client_state=client,
-                                   exclude_frozen_parameters=self._adapters_only())
+        adapters = self._adapters_only()
+        with frozen_left_out(self.unwrap()) if adapters else contextlib.nullcontext():
+            self.model.save_checkpoint(os.path.join(folder, DEEPSPEED_DIR), tag=DEEPSPEED_TAG, client_state=client,
+                                       exclude_frozen_parameters=adapters)
         if self.env.is_main:
             write_deepspeed_meta(folder, self.stage, self.env.world_size)
+        if self.env.is_main and adapters:
+            # DeepSpeed copies its zero_to_fp32.py and zero_to_torch.py into every checkpoint (41 KB), which
+            # rebuild the whole model from ZeRO's partitions: here those hold the adapter alone, whose weights
+            # model/ has in PEFT's format (giga-train convert/export read DeepSpeed's files without them)
+            for script in RECOVERY_SCRIPTS:
+                path = os.path.join(folder, DEEPSPEED_DIR, script)
+                if os.path.isfile(path):
+                    os.remove(path)
 
     def load_state(self, folder):
         """The engine's own files, when the same ZeRO stage at the same world size wrote them."""
@@ -212,6 +226,26 @@ class DeepSpeedStrategy(Strategy):
         """Whole fp32 weights (DeepSpeed's master weights where it wrote them, else those load_model_state
         was given) and optimizer state into the engine, each rank keeping its partition."""
         set_full_state(self, weights if weights is not None else self._weights, optimizer_state)
+
+RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
+
+
+@contextlib.contextmanager
+def frozen_left_out(module):
+    """While DeepSpeed writes its files: `module`'s state dict without its frozen parameters, under every name each
+    has. DeepSpeed's exclude_frozen_parameters drops the names named_parameters() lists, which gives a tied weight
+    (an embedding shared with the head) under its first name only: its second name kept the whole tensor."""
+    frozen = {n.replace(WRAPPED, "") for n, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+    def drop(_module, state, prefix, _metadata):
+        for name in frozen:
+            state.pop(prefix + name, None)
+    handle = module.register_state_dict_post_hook(drop)
+    try:
+        yield
+    finally:
+        handle.remove()
+
 
 def _stage(ds_config):
     return int(ds_config.get("zero_optimization", {}).get("stage", 0))

@@ -1,23 +1,9 @@
-"""mixed_precision="fp8": nn.Linear layers trained in float8 through torchao (`pip install giga-train[fp8]`).
+"""mixed_precision="fp8": nn.Linear layers trained in float8 through torchao (`pip install giga-train[fp8]`),
+everything else under bf16 autocast.
 
-Everything else runs under bf16 autocast, as with "bf16". Left in high precision: the output head
-(by default: outside the repeated blocks, every Linear whose out_features is the vocabulary of one of
-the model's Embeddings, or without one the last Linear; logits are the most quantisation-sensitive
-matmul and torchao's recipes leave the head out), the modules named in `train.fp8_config.exclude`,
-and every Linear whose in_features or out_features is not a multiple of 16 (the float8 GEMM's
-requirement). The third GEMM dimension, the tokens (which the weight-gradient GEMM contracts over: a video's
-5,070 tokens are no multiple of 16), is padded by torchao (Float8LinearConfig.pad_inner_dim; on unless
-`fp8_config.pad_inner_dim=False`), so any sequence length trains.
-
-Eager float8 is slower than bf16 (the casts and scales are separate kernels); compiled, they fuse into
-the neighbouring ops: parallelize says so in one line when fp8 runs without train.dynamo_config.
-
-    train=dict(mixed_precision="fp8", fp8_config=dict(recipe="tensorwise", exclude=["output"]))
-
-Under FSDP2 with tensorwise scaling the weights are all-gathered in float8 (half the bytes of bf16)
-and, after each optimizer step, their scales are computed in one all-reduce
-(torchao's precompute_float8_dynamic_scale_for_fsdp) instead of one per weight at the next forward.
-"""
+Which Linears stay in high precision (the output head, `train.fp8_config.exclude`, dimensions that are no
+multiple of 16), the conversion, and under FSDP2 with tensorwise scaling the float8 all-gather and the scales
+computed after each optimizer step (docs/guide.md, "Compilation and fp8")."""
 import logging
 
 from torch import nn

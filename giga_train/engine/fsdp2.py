@@ -57,6 +57,12 @@ class FSDP2Strategy(FSDPStrategyBase):
     def unwrap(self):
         return self.model
 
+    def model_state_dict(self, keys=None):
+        """`keys` (a PEFT adapter's): those tensors alone gathered from their shards, the frozen base left sharded."""
+        if keys is None:
+            return super().model_state_dict()
+        return self.full_state_dict({k: v for k, v in self.model_shards().items() if k in keys})
+
     def accumulating(self, accumulating):
         self.model.set_requires_gradient_sync(not accumulating)
         return super().accumulating(accumulating)

@@ -21,10 +21,11 @@ class FSDPStrategyBase(TorchOptimizerStrategy):
         state = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu() for k, v in state.items()}
         return plain_tensors(state)
 
-    def model_state_dict(self):
+    def model_state_dict(self, keys=None):
         # cpu_offload on a CPU run makes FSDP1 clone freed unsharded storage (a segfault, torch 2.13)
         options = StateDictOptions(full_state_dict=True, cpu_offload=self.device.type == "cuda")
-        return plain_tensors(get_model_state_dict(self.model, options=options))
+        state = plain_tensors(get_model_state_dict(self.model, options=options))
+        return state if keys is None else {k: v for k, v in state.items() if k in keys}
 
     def load_model_state(self, state, strict):
         set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=strict))

@@ -1,23 +1,8 @@
-"""Meta-device start: a model whose tensors are on the meta device (no memory) is materialised piece by
-piece, so no rank ever holds the whole model.
-- FSDP2 (`fill`): the meta model is sharded as it is, then each rank's shard is allocated (`to_empty`) and
-  filled; a rank holds its shard (plus one tensor under rank-0 loading).
-- DeepSpeed ZeRO-3 (`fill_by_module`): module by module, its own tensors are allocated whole, filled under
-  rank-0 loading, and its parameters partitioned at once (each rank keeps its partition); a rank holds its
-  partition plus one module.
-
-Filled from one of two sources:
-- rank-0 loading (launch.fsdp_config.fsdp_cpu_ram_efficient_loading, launch.deepspeed_config.zero3_init_flag):
-  rank 0 built the real model in get_models (the other ranks built it under `torch.device("meta")`); its
-  weights are broadcast tensor by tensor into every rank's shard or partition, its non-persistent buffers
-  (rotary tables...) whole. Rank 0 holds the model once plus its shard.
-- otherwise (get_models built on the meta device itself): `Trainer.init_weights(model)` once the model is
-  sharded or partitioned, by default the model's own `init_weights()` (under ZeRO-3 with the whole model
-  gathered), else every module's `reset_parameters()` (under ZeRO-3 on each module as it is materialised,
-  before it is partitioned). Pretrained weights can be read piece by piece from safetensors there with
-  `load_safetensors_shards` (each rank reads its rows or its partition only).
-Non-persistent buffers are not in a state dict: after allocation they hold garbage until init_weights
-re-creates them, so a model that has some must define init_weights (said in one line otherwise)."""
+"""Meta-device start: a model whose tensors are on the meta device is materialised piece by piece, so no
+rank ever holds the whole model. FSDP2 (`fill`): sharded as it is, then each rank's shard allocated and
+filled; DeepSpeed ZeRO-3 (`fill_by_module`): module by module, allocated, filled and partitioned at once.
+The weights come from rank 0's real model (broadcast) or from `Trainer.init_weights` (docs/guide.md,
+"Large models: starting on the meta device")."""
 import contextlib
 import glob
 import os

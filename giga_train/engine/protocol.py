@@ -131,9 +131,11 @@ class Strategy(abc.ABC):
     def full_state_dict(self, state):
         """Whole tensors on the CPU from a state dict of the model (possibly sharded); a collective."""
 
-    def model_state_dict(self):
-        """The full model state on the CPU (on the main rank; others may get None); a collective."""
-        return self.full_state_dict(self.unwrap().state_dict())
+    def model_state_dict(self, keys=None):
+        """The full model state on the CPU (on the main rank; others may get None); a collective. `keys`: only
+        those (a PEFT adapter's: the frozen base is not gathered)."""
+        state = self.unwrap().state_dict()
+        return self.full_state_dict(state if keys is None else {k: v for k, v in state.items() if k in keys})
 
     @abc.abstractmethod
     def load_model_state(self, state, strict):

@@ -1,17 +1,8 @@
 """Sequence-parallel attention: a drop-in for `torch.nn.functional.scaled_dot_product_attention` whose
-inputs are sharded along the sequence over the current sequence-parallel (SP) process group.
-
-Ulysses (the default) swaps the sequence shard for a head shard with one all-to-all, runs the plain SDPA
-over the whole sequence for H/sp heads, and swaps back. Ring (`mode="ring"`) keeps the sequence shard and
-passes key/value blocks around the group, combining them with an online softmax (engine/ring_attention.py).
-
-Conventions: each rank holds a contiguous slice of the sequence (`shard_sequence`; rank r holds positions
-[r*S_l, (r+1)*S_l) of the padded sequence). A sequence whose length does not divide the SP size is padded
-at the end; `attention` masks the padded keys, `gather_sequence` drops them. Gradients: the backward of
-`gather_sequence` is this rank's slice, so every rank of a group holds the gradient contribution of its
-own slice and the group's gradients sum to the one-process gradient (the engine reduces them).
-With no group, or a group of one, every function here is the plain op with no collective.
-"""
+inputs are sharded along the sequence over the current sequence-parallel (SP) process group, Ulysses (one
+all-to-all to a head shard and back) or ring (engine/ring_attention.py), and the functions that shard, pad
+and gather the sequence (docs/parallelism.md, "Sequence parallel attention"). With no group, or a group of
+one, every function here is the plain op with no collective."""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

@@ -1,23 +1,13 @@
 """CAME8Bit: CAME (Luo et al., ACL 2023) with an 8-bit first moment, ~1 byte/param of state.
 
-Factored row/column second moments and confidence residuals (fp32) for 2-D weights and 1x1
-convs; the first moment of those with more than `min_8bit_size` elements is kept as 8-bit codes
-of a signed square-root map (kernels/qmap.py) in blocks of `block_size` consecutive elements, each
-with an fp32 absmax.
-Other tensors keep fp32 state. On CUDA the step is a few fused Triton launches with no host sync
-(kernels/came_bucket.py); elsewhere it is vectorised torch (kernels/came_torch.py) computing the
-same function. Under sharding the statistics are the whole tensor's:
-- FSDP2 (DTensor dim-0 shards): on CUDA the same kernels on the local rows with three bucketed
-  all-reduces over the shard group (came_bucket.ShardedFactoredBucket), and on 1-D shards with one
-  (ShardedVectorBucket); the torch path elsewhere.
-- DeepSpeed ZeRO-1/2/3 and its bf16 wrappers (flat 1-D partitions): after deepspeed.initialize the
-  strategy calls bind_deepspeed; whole weights inside a partition are stepped as in one process
-  (views, kernels on CUDA), weights cut across ranks in torch with three bucketed all-reduces
-  (came_zero.py). State is ~1 byte/param per rank divided by the partition count.
-"""
+Factored fp32 statistics for 2-D weights and 1x1 convs with the first moment of the large ones in 8-bit codes
+(kernels/qmap.py), fp32 state for the rest. The step is fused Triton on CUDA (kernels/came_bucket.py) and
+vectorised torch elsewhere (kernels/came_torch.py), with the whole tensor's statistics on FSDP2 shards and on
+DeepSpeed's partitions (came_zero.py): docs/architecture.md, "CAME8Bit's step"."""
 import torch
 
 from ..registry import OPTIMIZERS
+from .closure import closure_loss
 from .kernels import came_torch, use_kernels
 from .kernels.state_io import load_state_keep_dtypes
 
@@ -169,10 +159,7 @@ class CAME8Bit(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         flag = self._found_inf()
         skip = None if flag is None else flag.reshape(()) > 0
         for gi, group in enumerate(self.param_groups):

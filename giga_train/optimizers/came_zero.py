@@ -1,29 +1,9 @@
 """CAME8Bit on DeepSpeed's flat partitions (ZeRO-1/2/3, and the bf16/fp16 wrappers that flatten).
 
-DeepSpeed hands the optimizer one flat fp32 tensor per group (ZeRO-3: per sub-group). `bind` reads
-from the engine's optimizer which piece of which weight each flat tensor holds (stages 1-2 and
-BF16_Optimizer: the parameters' `_hp_mapping`; ZeRO-3: each parameter's `partition_numel()` in
-`fp16_groups[sub_group]` order; the unpartitioned FP16_Optimizer: its groups flattened in order) and
-gathers every rank's pieces once, so that each rank knows where every weight is cut.
-
-A weight held whole by a rank (most of them at stages 1-2) is stepped as in one process, through
-views of the flat tensors (so the Triton buckets run on CUDA). A weight cut across ranks is stepped
-by `step_split` in torch, with the whole weight's statistics, in three all-reduces (SUM) per step
-over every cut weight of the step together (not one per weight):
-  1. local partial sums of g^2 + eps1 over the rows and columns the piece touches, the parameter's
-     square sum, and per matrix the sum of the new row EMA (linear in the old rows the rank owns and
-     in the sum of g^2);
-  2. with the whole weight's factors, U = g r c: the square sum of U (the clip scale of the whole
-     weight; it needs the column factors, hence a second collective);
-  3. the residual's partial row/column sums, and each rank's absmax of the 8-bit blocks that
-     straddle a cut (one slot per rank: the blocks' scales are the whole block's, as in one process).
-Only the rows and 8-bit blocks that straddle a cut, and the columns, are communicated: a few floats
-per cut weight. State per piece: the codes of its elements, the scales of the blocks it touches, the
-rows it touches and all columns (fp32).
-
-State lives under the flat tensor as {"came": {parameter name: the piece's state}}; a piece's state
-also records where it sits ("frag_start", "frag_numel", "block_size"), so DeepSpeed's files can be
-turned back into the whole tensors of every other strategy (`full_state_from_pieces`)."""
+`bind` maps each flat partition back to the weight pieces it holds. Weights a rank holds whole step as in
+one process; weights cut across ranks step together in `step_split`, with the whole weight's statistics, in
+three all-reduces. A piece's state lives under its flat tensor and turns back into the whole tensors of every
+other strategy (`full_state_from_pieces`). The algorithm: docs/architecture.md, "CAME8Bit's step"."""
 import math
 
 import torch

@@ -11,6 +11,7 @@ checkpoint moves between the two. AMSGrad and sparse gradients are refused.
 import torch
 
 from ..registry import OPTIMIZERS
+from .closure import closure_loss
 from .kernels import use_kernels
 from .kernels.dtensors import local
 from .kernels.multi_tensor import advance_steps
@@ -51,10 +52,7 @@ class FusedAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         found_inf = getattr(self, "found_inf", None)
         skips = {}  # device -> 0-dim float32, exactly 1.0 where found_inf > 0 (what torch's fused kernel tests)
         for gi, group in enumerate(self.param_groups):

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import torch
 
+from .closure import closure_loss
 from .found_inf import supports_found_inf
 
 
@@ -47,10 +48,7 @@ class OptimizerGroup(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         found_inf = getattr(self, "found_inf", None)
         for optimizer in self.optimizers:
             if found_inf is not None:

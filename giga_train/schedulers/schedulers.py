@@ -1,15 +1,8 @@
 """GigaTrain's value schedulers: a value per optimizer step, blended from start_value and end_value.
 
 `get_value(n)` = start_value * a + end_value * b, where (a, b) = `get_factor(n)` and n is the number
-of optimizer steps taken (0 before the first). Wrapped in LambdaLR (build_scheduler), the value is a
-multiplier of each group's base lr, so `end_value` is a fraction of the base lr.
-
-Every scheduler takes the trainer's epoch_size, max_epochs and max_steps (the trainer passes them)
-and start_value=1.0, end_value=0.0. Schedules that end at max_steps (Linear, Poly, Cosine) run from
-step 1 to step max_steps: step 0 and step 1 both give start_value.
-
-Ours besides GigaTrain's: WarmupLinearScheduler, and ConstantScheduler(warmup_steps=...); both
-warm up as WarmupCosineScheduler does."""
+of optimizer steps taken. Wrapped in LambdaLR (build_scheduler), the value multiplies each group's base lr.
+Ours besides GigaTrain's: WarmupLinearScheduler and ConstantScheduler(warmup_steps=...) (docs/config.md)."""
 import math
 
 from ..registry import import_object

@@ -12,6 +12,7 @@ from ..errors import ConfigError
 from ..engine.fp8 import check_fp8_config
 from ..registry import did_you_mean
 from .keys import Key, _fill, _list_of, _positive, _unit_interval
+from .lora import check_lora
 
 
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
@@ -76,6 +77,8 @@ TRAIN = dict(
     tokens_per_sample=Key(None, int, min=1),  # logs tokens_per_sec
     peak_flops=Key(None, numbers.Real, check=_positive),  # FLOP/s of one device for MFU (None: known GPUs' bf16)
     attention_backend=Key(None, str, choices=tuple(ATTENTION_BACKENDS)),  # SDPA's kernel (None: torch's choice)
+    # checkpoints then hold the adapter only (docs/guide.md, "LoRA")
+    lora=Key(None, dict),  # a LoRA adapter peft adds to get_models' model: dict(target_modules=[...], rank=8, alpha=8)
 )
 
 
@@ -159,6 +162,8 @@ def _check_train(train, project_dir, given=(), tester_only=False):
     train.log_with = _trackers(train.log_with)
     if train.profile is not None:
         _fill("train.profile", train.profile, PROFILE)
+    if train.lora is not None:
+        train.lora = check_lora(train.lora)
     if train.count_flops and train.flops_per_sample is not None:
         raise ConfigError("train: count_flops and flops_per_sample both given; count them or give them")
     if train.mixed_precision == "fp8":

@@ -1,14 +1,10 @@
 """`giga-train export CHECKPOINT --to hf [--out DIR] [--ema] [--config CFG] [--max-shard-size 5GB] [--merged]`:
 a checkpoint's model as folders that `from_pretrained` opens, whichever strategy and world size wrote it.
 
-The model is rebuilt by the run's own get_models (the config.json the run saved in its project folder, or
---config) on the meta device, given the checkpoint's whole weights (DeepSpeed's fp32 masters, or the
-EMA's with --ema), and written by its library's own save_pretrained: config.json and the library's weight
-file names, sharded safetensors with an index above --max-shard-size.
-- transformers / diffusers models: their save_pretrained; a ModuleDict: one folder per member;
-- a peft.PeftModel (LoRA...): adapter_config.json + adapter_model.safetensors only, which
-  PeftModel.from_pretrained(base, folder) loads; --merged also writes the merged model under merged/.
-Anything else has no such format: `giga-train convert --to full` writes its weights."""
+The run's own get_models rebuilds the model on the meta device, the checkpoint's whole weights go in, and its
+library's save_pretrained writes it (a ModuleDict: one folder per member; a peft.PeftModel: the adapters,
+`--merged` adds the merged model, as weights for a base without save_pretrained). Anything else: `giga-train
+convert --to full` (docs/checkpoints.md)."""
 import inspect
 import json
 import itertools
@@ -20,6 +16,7 @@ import torch
 
 from .convert import read_live_weights
 from ..checkpoint.out_folder import written_folder
+from ..checkpoint.formats.weights import SAFETENSORS_WEIGHTS_NAME, write_tensors
 from ..errors import ConfigError
 from ..module_dict import ModuleDict
 
@@ -113,7 +110,11 @@ def save(module, folder, max_shard_size, merged=False):
         module.save_pretrained(folder, safe_serialization=True)  # the adapters only, with adapter_config.json
         if merged:
             base = module.merge_and_unload()
-            _save_pretrained(base, os.path.join(folder, "merged"), max_shard_size)
+            if callable(getattr(base, "save_pretrained", None)):
+                _save_pretrained(base, os.path.join(folder, "merged"), max_shard_size)
+            else:  # a plain nn.Module: its merged weights, which its own load_state_dict reads
+                os.makedirs(os.path.join(folder, "merged"))
+                write_tensors(os.path.join(folder, "merged", SAFETENSORS_WEIGHTS_NAME), base.state_dict())
         return
     _save_pretrained(module, folder, max_shard_size)
 

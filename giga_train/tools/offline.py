@@ -15,6 +15,7 @@ from ..launch.runners import runner_classes
 from ..schema.validate import validate_config
 from ..trainers import Trainer
 from ..trainers.building import the_one_model
+from ..trainers.lora import with_lora
 
 
 def offline_trainer(config, overrides=(), device="meta"):
@@ -41,7 +42,7 @@ def build_model(trainer, fake=None):
     models = trainer.prepare_arguments(trainer.config)["models"]
     with fake if fake is not None else torch.device(trainer.env.device), _quiet_meta_init():
         model = trainer.get_models(models)
-    model = the_one_model(model)
+    model = with_lora(the_one_model(model), trainer.train_config.get("lora"))
     trainer._models = [model]
     trainer.strategy.model = model
     return model

@@ -107,11 +107,14 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True, sp=No
                   "DEEPSPEED": f"ZERO{stage}"}.get(cfg.launch.distributed_type)
     mesh = cfg.launch.get("parallelism_config") or {}
     sp_sizes = sorted(set(sp or ()) | {1, int(mesh.get("sp_size", 1))})
+    auto_budget = _auto_budget(train.get("checkpointing_memory_budget"), card_bytes)
     rows = []
     for strategy in STRATEGIES:
         act = counted["deepspeed" if strategy.startswith("ZERO") else "torch"]
-        # 'selective' keeps the matmul outputs, most of what is saved: planned as without checkpointing (a bound)
-        act_bytes = None if act is None else (act.checkpointed if checkpointing in (True, "auto") else act.saved)
+        # 'selective': the blocks keep their matmul and attention outputs besides their inputs
+        selective = checkpointing == "selective"
+        blocks = 0 if act is None or checkpointing in (False, None) else \
+            _configured_blocks(act, train.activation_class_names)
         replicas = int(mesh.get("dp_replicate_size", 1)) if strategy == configured == "FSDP" else 1
         for count in gpus:
             for size in sp_sizes:
@@ -122,12 +125,14 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True, sp=No
                 if row is None:
                     continue
                 row = {k: int(v) for k, v in row.items()}
-                act_rank = None if act_bytes is None else -(-act_bytes // size)
+                n = blocks
                 if checkpointing == "auto" and act is not None:  # the first blocks this card needs (trainer's rule)
-                    act_rank = _auto_activations(act, row, size, accumulation, card_bytes)
+                    n = _auto_blocks(act, row, size, accumulation, auto_budget)
+                act_rank = None if act is None else -(-act.with_first_checkpointed(n, selective) // size)
                 rows.append(dict(strategy=strategy, gpus=count, sp=size,
                                  configured=strategy == configured and size == int(mesh.get("sp_size", 1)),
-                                 **row, activations=act_rank, **_peak(row, act_rank, accumulation, card_bytes)))
+                                 **row, activations=act_rank, checkpointed_blocks=None if act is None else n,
+                                 **_peak(row, act, n, size, accumulation, card_bytes, selective)))
     return dict(
         config=config if isinstance(config, str) else "config", card=str(card), card_bytes=card_bytes,
         fit_fraction=FIT_FRACTION, mixed_precision=precision, optimizer=optimizer_names,
@@ -137,6 +142,7 @@ def plan(config, overrides=(), gpus=(1, 8), card="h200", activations=True, sp=No
                         trainable_bytes=params.trainable_bytes, buffer_bytes=params.buffer_bytes,
                         by_dtype=params.by_dtype),
         optimizer_state_bytes=optimizer_bytes, activation_checkpointing=checkpointing,
+        checkpointing_budget=int(auto_budget) if checkpointing == "auto" else None,
         activations={engine: None if act is None else dict(vars(act)) for engine, act in counted.items()},
         activations_notes=notes, rows=rows)
 
@@ -161,28 +167,47 @@ def _activations(config, overrides, engine_dtype):
     return act, act.note
 
 
-def _auto_activations(act, row, sp, accumulation, card_bytes):
-    """Per-rank activations under activation_checkpointing='auto' on this row: the fewest first blocks
-    checkpointed whose peak fits (trainers/activation_budget.py's rule, with the card's fit fraction)."""
-    from ..trainers.activation_budget import peak_bytes
+def _configured_blocks(act, class_names):
+    """How many first blocks (in run order) activation_checkpointing=True checkpoints: all, or with
+    "Class__##__N" entries the first N of each class when those are the first blocks that run (else all)."""
+    from ..engine.block_classes import parse_class_names
+    limits, taken, flags = parse_class_names(class_names), {}, []
+    for name in act.block_order:
+        taken[name] = taken.get(name, 0) + 1
+        flags.append(limits.get(name) is None or taken[name] <= limits[name])
+    n = flags.index(False) if False in flags else len(flags)
+    return n if not any(flags[n:]) else act.blocks
+
+
+def _auto_budget(setting, card_bytes):
+    """The budget activation_checkpointing='auto' plans for on the card: train.checkpointing_memory_budget
+    (a fraction of the card or a size, at most the card), unset the card's fit fraction (the trainer's rule
+    with the whole card free)."""
+    from ..engine.activation_checkpointing import memory_budget_bytes
+    if setting is None:
+        return FIT_FRACTION * card_bytes
+    return min(memory_budget_bytes(setting, card_bytes), card_bytes)
+
+
+def _auto_blocks(act, row, sp, accumulation, budget):
+    """The blocks activation_checkpointing='auto' checkpoints on this row: the fewest first blocks whose
+    peak fits `budget` (trainers/activation_budget.py's rule)."""
+    from ..trainers.activation_budget import choose_blocks
     states = sum(v for k, v in row.items() if k != "grads")
-    for n in range(act.blocks + 1):
-        per_rank = -(-act.with_first_checkpointed(n) // sp)
-        if peak_bytes(states, row["grads"], per_rank, accumulation) <= FIT_FRACTION * card_bytes:
-            return per_rank
-    return -(-act.checkpointed // sp)
+    return choose_blocks(act, states, row["grads"], budget, accumulation, sp)[0]
 
 
-def _peak(row, act_bytes, accumulation, card_bytes):
-    """peak: the states, then gradients and activations as they coexist: without accumulation backward frees
-    activations while it makes gradients (max of the two); with it, the later micro-batches' activations
-    sit beside the whole gradients of the earlier ones (their sum). sum: every column added (a bound)."""
+def _peak(row, act, n, sp, accumulation, card_bytes, selective=False):
+    """peak: the states, then gradients and activations as they coexist in backward with the first `n`
+    blocks checkpointed, `selective`ly or not (ActivationCount.backward_peak: the gradients made so far beside
+    the block running its backward, recomputed if checkpointed; with accumulation the whole gradients
+    throughout); without an activation count, the states and gradients. sum: every column added (a bound)."""
     base = sum(v for k, v in row.items() if k != "grads")
-    act = act_bytes or 0
-    peak = base + (row["grads"] + act if accumulation > 1 else max(row["grads"], act))
+    act_bytes = 0 if act is None else -(-act.with_first_checkpointed(n, selective) // sp)
+    peak = base + (row["grads"] if act is None else act.backward_peak(n, row["grads"], accumulation, sp, selective))
     fits = peak <= FIT_FRACTION * card_bytes
-    return dict(peak=int(peak), sum=int(base + row["grads"] + act),
-                fits=None if act_bytes is None and fits else fits)  # unknown unless the states alone overflow
+    return dict(peak=int(peak), sum=int(base + row["grads"] + act_bytes),
+                fits=None if act is None and fits else fits)  # unknown unless the states alone overflow
 
 
 def _deepspeed_zero(cfg):
@@ -216,13 +241,19 @@ def format_plan(result):
         if act is None:
             lines.append(f"activations, {where}: {result['activations_notes'][engine]}")
             continue
+        selective = ""
+        if result["activation_checkpointing"] == "selective":
+            from ..trainers.memory_counts import ActivationCount
+            kept = ActivationCount(**act).with_first_checkpointed(act["blocks"], selective=True)
+            selective = f" ({size(kept)} {unit} selectively)"
         lines.append(f"activations per micro-batch, {where}: {size(act['saved'])} {unit} saved for backward,"
                      f" {size(act['checkpointed'])} {unit} with {act['blocks']} blocks of"
-                     f" {', '.join(act['block_classes']) or 'no class'} checkpointed"
+                     f" {', '.join(act['block_classes']) or 'no class'} checkpointed{selective}"
                      f" (train.activation_checkpointing={result['activation_checkpointing']})"
                      + (f"; {act['note']}" if act["note"] else ""))
-    lines.append(f"per GPU, {unit} (*: the config's strategy); peak: states + max(grads, activations), + both when"
-                 f" accumulating; fits: peak <= {result['fit_fraction']:.0%} of {result['card']}"
+    lines.append(f"per GPU, {unit} (*: the config's strategy); peak: states + the gradients and activations held at"
+                 f" once in backward (the gradients made so far beside the block being recomputed; all of them when"
+                 f" accumulating); fits: peak <= {result['fit_fraction']:.0%} of {result['card']}"
                  f" ({result['card_bytes'] / 2**30:.1f} GiB)")
     header = ("strategy", "gpus", "sp", "params", "grads", "optimizer", "master", "buffers", "activations", "peak", "fits")
     table = [header] + [(r["strategy"] + ("*" if r["configured"] else ""), str(r["gpus"]), str(r["sp"]),

@@ -1,15 +1,8 @@
 """`giga-train tune CONFIG [--set k=v] [--budget-s 540] [--steps N]`: a few real steps of each candidate setting
 on this machine's device, the fastest that fits printed as --set lines. `plan` is the estimate without a GPU.
 
-Candidates, most promising first (a time budget cuts the tail): activation checkpointing (False, 'auto', then
-True when the config names block classes) with regional compile, fp8 with compile where torchao and CUDA are
-present, eager, then the fastest one with twice the micro-batch. With train.checkpointing_memory_budget as a
-size, a candidate that peaked above it is not chosen. Each runs in its own process (a crash or an
-out-of-memory candidate is a failed row, not a failed tune), in a temporary project folder, with no checkpoint
-written, logging every step to JSONL; the table is read from the trainer's own scalars: s/step (the median of
-the second half of the steps), samples/s, tokens/s and MFU where logged (the model's FLOPs per sample are
-counted once here on fake tensors and handed to each candidate as train.flops_per_sample), peak memory. A candidate whose steps the NaN guard skipped or whose grad norm is non-finite or above 1e3
-(max_grad_norm clips the update; the norm logged is before clipping) is a failed row too."""
+Each candidate runs in its own process and is measured by the trainer's own logged scalars; the candidates,
+their order and what makes a failed row: docs/performance.md, "Finding the fastest setting that fits"."""
 import json
 import math
 import os
@@ -25,6 +18,7 @@ from ..engine.activation_checkpointing import memory_budget_bytes
 from ..errors import ConfigError
 
 EXPLODED_GRAD_NORM = 1e3
+TIE_FRACTION = 0.02  # candidates this close in samples/s are a tie (the noise between runs): the lower peak wins
 WORKER_FLAG = "--tune-worker"
 
 
@@ -221,9 +215,14 @@ def _over_budget(rows, budget):
             row["status"] = f"over the budget {budget}"
 
 
-def _fastest(rows):
+def _fastest(rows, tie=TIE_FRACTION):
+    """The most samples/s among the ok rows; of those within `tie` of it (run-to-run noise), the lowest peak."""
     ok = [r for r in rows if r.get("status") == "ok"]
-    return min(ok, key=lambda r: 1 / r["samples_per_sec"]) if ok else None
+    if not ok:
+        return None
+    best = max(r["samples_per_sec"] for r in ok)
+    close = [r for r in ok if r["samples_per_sec"] >= (1 - tie) * best]
+    return min(close, key=lambda r: (r.get("peak_gb") or 0.0, -r["samples_per_sec"]))
 
 
 def format_table(rows):

@@ -1,13 +1,8 @@
 """train.activation_checkpointing="auto": checkpoint only as many blocks as the memory budget needs.
 
-The activations are counted as `plan` counts them (memory_counts.count_activations: autograd's saved tensors
-of one forward_step on fake tensors, block by block); the states (weights, gradients, the optimizer's state
-after one step of the config's own optimizer on the meta device) as plan does for one process holding them
-whole, so a sharded run is planned conservatively. The peak is plan's: states + max(gradients, activations),
-+ both when accumulating. The budget is train.checkpointing_memory_budget (a fraction of the device's memory
-or a size), never more than the memory free now (torch.cuda.mem_get_info) plus what this process holds;
-unset, 88% of that (plan's fit fraction: the rest for kernel temporaries and fragmentation). The first N
-blocks in run order are checkpointed, with the smallest N whose peak fits ("Class__##__N")."""
+The first N blocks in run order are checkpointed ("Class__##__N"), with the smallest N whose peak, counted as
+`plan` counts it (memory_counts), fits train.checkpointing_memory_budget (docs/performance.md, "Activation
+checkpointing by memory budget")."""
 import logging
 import os
 
@@ -31,19 +26,21 @@ def device_memory(device):
     return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
 
 
-def peak_bytes(states, grads, activations, accumulation):
-    """plan's peak: backward frees activations while it makes gradients, unless accumulating."""
-    return states + (grads + activations if accumulation > 1 else max(grads, activations))
+def peak_bytes(count, n, states, grads, accumulation=1, sp=1):
+    """plan's peak with the first `n` blocks checkpointed: the states, then the gradients and activations
+    backward holds at once (ActivationCount.backward_peak: the block recomputed beside the gradients made
+    so far)."""
+    return states + count.backward_peak(n, grads, accumulation, sp)
 
 
-def choose_blocks(count, states, grads, budget, accumulation=1):
+def choose_blocks(count, states, grads, budget, accumulation=1, sp=1):
     """The smallest number of first blocks to checkpoint whose peak fits `budget` (every block if none fits),
     and the peak it plans."""
     for n in range(count.blocks + 1):
-        peak = peak_bytes(states, grads, count.with_first_checkpointed(n), accumulation)
+        peak = peak_bytes(count, n, states, grads, accumulation, sp)
         if peak <= budget:
             return n, peak
-    return count.blocks, peak_bytes(states, grads, count.with_first_checkpointed(count.blocks), accumulation)
+    return count.blocks, peak_bytes(count, count.blocks, states, grads, accumulation, sp)
 
 
 def class_limits(count, n):

@@ -6,7 +6,9 @@ import contextlib
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..engine.activation_checkpointing import SELECTIVE_SAVED_OPS
 from ..engine.block_classes import parse_class_names, repeated_block_classes
 from ..data import as_stream
 from ..engine.precision import AUTOCAST_DTYPES
@@ -97,15 +99,69 @@ class ActivationCount:
     per_block_inputs: list = field(default_factory=list)  # the inputs each block adds to those kept (bytes)
     block_order: list = field(default_factory=list)       # each block's class name, in the order they run
     rng_per_block: int = 0                                # the RNG state checkpoint keeps per block
+    before_blocks: int = 0                                # saved outside the blocks before the last one ran
+    per_block_outputs: list = field(default_factory=list)  # bytes of each block's output tensors
+    per_block_own_inputs: list = field(default_factory=list)  # of per_block_inputs, what the block saves too
+    per_block_params: list = field(default_factory=list)  # trainable parameters (numel) of each block
+    trainable_numel: int = 0                              # trainable parameters of the whole model
+    largest_after_blocks: int = 0                         # the largest save after the last block (the head's)
+    per_block_casts: list = field(default_factory=list)   # autocast's copies of each block's trainable weights
+    unsaved_casts: list = field(default_factory=list)     # of those, what nothing saves (per block, then outside)
+    per_block_selective: list = field(default_factory=list)  # outputs of the ops "selective" keeps, per block
+    per_block_selective_unsaved: list = field(default_factory=list)  # of those, what autograd does not save
 
-    def with_first_checkpointed(self, n):
+    def with_first_checkpointed(self, n, selective=False):
         """The bytes saved for backward with the first `n` blocks (in run order) checkpointed: their own
-        saves replaced by their inputs and RNG states, plus the largest of them recomputed in backward."""
+        saves replaced by their inputs and RNG states, plus the largest of them recomputed in backward.
+        `selective`: they keep their matmul and attention outputs too, and recompute the rest."""
         if n <= 0 or not self.per_block:
             return self.saved
         n = min(n, len(self.per_block))
-        return (self.saved - sum(self.per_block[:n]) + sum(self.per_block_inputs[:n]) + self.rng_per_block * n
-                + max(self.per_block[:n]))
+        kept = self._kept(n, selective)
+        back = [self.per_block[k] + (self.per_block_selective_unsaved[k] - self.per_block_selective[k]
+                                     if selective else 0) for k in range(n)]
+        return self.saved - sum(self.per_block[:n]) + sum(kept[:n]) + max(back)
+
+    def _kept(self, n, selective=False):
+        """What each block holds between its forward and its backward: the first `n` (checkpointed) their
+        inputs and RNG state (and under `selective` their matmul and attention outputs), the rest their saves."""
+        extra = self.per_block_selective if selective else [0] * len(self.per_block)
+        return [self.per_block_inputs[k] + self.rng_per_block + extra[k] if k < n else self.per_block[k]
+                for k in range(len(self.per_block))]
+
+    def backward_peak(self, n, grads, accumulation=1, sp=1, selective=False):
+        """The most activations and gradients hold at once (bytes per rank) with the first `n` blocks
+        checkpointed (`selective`: selectively), `grads` the bytes of all gradients on this rank,
+        activations split over `sp` ranks.
+        Backward runs the head, then the blocks last to first. In the head's, everything the forward kept is
+        held, with the gradient flowing through its largest save (in and out: twice its size). While block k
+        runs its backward, the blocks before it hold what they keep (inputs if checkpointed, else their
+        saves), block k holds all it saves (recomputed if checkpointed) and the gradient flowing through it
+        (its output's size, twice), beside the gradients made so far: those of the blocks after it and, as a
+        bound, of every parameter outside the blocks. Accumulating, the earlier micro-batches' gradients
+        are held throughout."""
+        blocks = len(self.per_block)
+        if not blocks or not self.trainable_numel:
+            act = self.with_first_checkpointed(n, selective) / sp
+            return int(grads + act if accumulation > 1 else max(grads, act))
+        n = max(0, min(n, blocks))
+        kept = self._kept(n, selective)
+        unsaved = self.per_block_selective_unsaved if selective else [0] * blocks
+        block_grads = [grads * p / self.trainable_numel for p in self.per_block_params]
+        whole = grads if accumulation > 1 else 0
+        outside = self.saved - sum(self.per_block)
+        # autocast keeps its copies of the weights until the forward_step ends: those nothing else saves
+        casts = sum(self.per_block_casts[:n]) + sum(self.unsaved_casts[n:]) if self.unsaved_casts else 0
+        head = (outside + sum(kept) + casts + 2 * self.largest_after_blocks) / sp + whole
+        end = (self.before_blocks + 2 * self.per_block_outputs[0]) / sp + grads  # block 0's backward done
+        peaks, made = [head, end], grads - sum(block_grads)
+        for k in reversed(range(blocks)):  # made: the gradients made before block k's backward
+            own = self.per_block[k] + (self.per_block_inputs[k] + self.rng_per_block - self.per_block_own_inputs[k]
+                                       + unsaved[k] if k < n else 0)
+            before = self.before_blocks + sum(kept[:k])
+            peaks.append((before + own + 2 * self.per_block_outputs[k]) / sp + (whole or made))
+            made += block_grads[k]
+        return int(max(peaks))
 
 
 def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
@@ -116,8 +172,9 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
     With checkpointing of a block class (train.activation_class_names, else the classes repeated in a
     ModuleList), a block keeps only its inputs and recomputes its own saved tensors in backward, one block
     at a time: checkpointed = saved - sum(block saves) + block inputs and RNG states + the largest block save.
-    Not counted: temporaries of the forward and backward kernels, the loss's gradient buffers, allocator
-    fragmentation."""
+    What backward holds at once (with the gradients) is ActivationCount.backward_peak. Not counted: the
+    kernels' own workspaces, gradient temporaries inside a block beyond the one flowing through it,
+    allocator fragmentation."""
     model = build(fake_mode)
     if engine_dtype is not None:
         with fake_mode:
@@ -129,6 +186,18 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
     excluded = {_storage_key(t) for t in list(model.parameters()) + list(model.buffers())}
     seen, per_block, inputs, stack, in_blocks = {}, [], {}, [], set()
     first_block, order = {}, []  # input storage -> the block that first took it; each block's class
+    saved_in, outside, outputs, block_params, params_seen = {}, [], [], [], set()
+    trainable = {_storage_key(p) for p in model.parameters() if p.requires_grad}
+    casts = {}  # autocast's cached casts of trainable parameters (held until autocast exits) -> (bytes, block)
+
+    selective = {}  # outputs of the matmuls and attention in the blocks -> (bytes, block)
+
+    def on_cast(t):
+        casts.setdefault(_storage_key(t), (t.untyped_storage().nbytes(), stack[0] if stack else None))
+
+    def on_selective(t):
+        if stack:
+            selective.setdefault(_storage_key(t), (t.untyped_storage().nbytes(), stack[0]))
 
     def pack(t):
         key = _storage_key(t)
@@ -137,12 +206,18 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
             if stack:
                 per_block[stack[0]] += seen[key]
                 in_blocks.add(key)
+                saved_in[key] = stack[0]
+            else:
+                outside.append((seen[key], len(per_block)))  # with the number of blocks run so far
         return t
 
     def enter(module, args, kwargs):
         if not stack:
             per_block.append(0)
             order.append(type(module).__name__)
+            own = [p for p in module.parameters() if p.requires_grad and id(p) not in params_seen]
+            params_seen.update(id(p) for p in own)
+            block_params.append(sum(p.numel() for p in own))
             for t in _tensors((args, kwargs)):  # a buffer handed to each block (RoPE tables) is a buffer
                 if _storage_key(t) not in excluded:
                     inputs.setdefault(_storage_key(t), t.untyped_storage().nbytes())
@@ -151,6 +226,8 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
 
     def leave(module, args, kwargs, output):
         stack.pop()
+        if not stack:
+            outputs.append(sum(t.numel() * t.element_size() for t in _tensors(output)))
 
     finished = []  # the model's own forward returned: a later failure (a .item() on the fake loss) ends nothing
     handles = [model.register_forward_hook(lambda *_: finished.append(True))]
@@ -162,7 +239,8 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
     autocast = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
     note = ""
     try:
-        with fake_mode, autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with fake_mode, autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                _WatchOps(trainable, on_cast, on_selective):
             trainer.forward_step(batch)
     except Exception as e:
         if not finished or stack:
@@ -175,16 +253,53 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
     # An input saved by an op outside the blocks stays in `saved` whether or not the blocks are checkpointed.
     kept = {key: size for key, size in inputs.items() if key not in seen or key in in_blocks}
     kept_inputs = sum(kept.values())
-    per_block_inputs = [0] * len(per_block)
+    per_block_inputs, own_inputs = [0] * len(per_block), [0] * len(per_block)
     for key, size in kept.items():
         per_block_inputs[first_block[key]] += size
+        if saved_in.get(key) == first_block[key]:  # the block saves its input itself: held once in backward
+            own_inputs[first_block[key]] += size
+    # saves after the last block (the head's, the loss's) are freed before the blocks' backward begins
+    before = sum(size for size, started in outside if started < len(per_block))
+    after = max((size for size, started in outside if started == len(per_block)), default=0)
+    block_casts, unsaved_casts = [0] * len(per_block), [0] * (len(per_block) + 1)  # the last: outside the blocks
+    for key, (size, block) in casts.items():
+        if block is not None:
+            block_casts[block] += size
+        if key not in seen:
+            unsaved_casts[-1 if block is None else block] += size
+    kept_selective, unsaved_selective = [0] * len(per_block), [0] * len(per_block)
+    for key, (size, block) in selective.items():
+        kept_selective[block] += size
+        if key not in seen:
+            unsaved_selective[block] += size
     largest = max(per_block, default=0)
     # torch's checkpoint also keeps the CPU RNG state of each block (to replay its dropout): 5 KB each
     rng_one = torch.get_rng_state().numel()
     rng = rng_one * len(per_block)
     checkpointed = saved - sum(per_block) + kept_inputs + rng + largest if per_block else saved
     return ActivationCount(saved, checkpointed, classes, len(per_block), largest, kept_inputs + rng, note,
-                           per_block, per_block_inputs, order, rng_one)
+                           per_block, per_block_inputs, order, rng_one, before, outputs, own_inputs, block_params,
+                           sum(p.numel() for p in model.parameters() if p.requires_grad), after, block_casts,
+                           unsaved_casts, kept_selective, unsaved_selective)
+
+
+class _WatchOps(TorchDispatchMode):
+    """Calls `on_cast` with each copy of a parameter (autocast's casts: aten._to_copy of the parameter) and
+    `on_selective` with each output of the ops selective checkpointing keeps."""
+
+    def __init__(self, parameters, on_cast, on_selective):
+        super().__init__()
+        self.parameters, self.on_cast, self.on_selective = parameters, on_cast, on_selective
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten._to_copy.default and torch.is_tensor(out) and \
+                _storage_key(args[0]) in self.parameters:
+            self.on_cast(out)
+        elif func in SELECTIVE_SAVED_OPS:
+            for t in _tensors(out):
+                self.on_selective(t)
+        return out
 
 
 def _cast(model, dtype):

@@ -1,18 +1,10 @@
 """The NaN/Inf guard: decide whether a step is skipped, count skipped steps, warn, and stop with one line
 when told to.
 
-The decision (`verdict`): one all-reduce of the loss's and the gradient norm's finiteness flags, so all
-ranks agree; the strategy skips the update as the verdict says. Where the engine's optimizer skips on the
-device (found_inf) the flags reach the host later: each step's flags are copied
-non_blocking into pinned memory behind a CUDA event, and settled here in step order once the event has
-completed (a query, never a wait), or forcibly (a wait) where the trainer needs the truth: at a log line,
-before a checkpoint, on preemption, at the end. On the CPU the flags are there at once. Where the host
-read them itself (optimizers without found_inf, DeepSpeed) a step's record is settled as it comes.
-
-A step the fp16 loss scaler skipped (inf or nan gradients) counts as a skipped step too (`nan_skipped`),
-without a warning (a few are normal while the scale settles); the run stops when the scale falls below
-MIN_LOSS_SCALE (an overflow at scale 1: the gradients overflow unscaled) or after max_overflow_steps such
-skips in a row: nothing trains any more."""
+The decision (`verdict`) is one all-reduce of the loss's and the gradient norm's finiteness flags, so all
+ranks agree. Flags decided on the device are settled here later without waiting, or with a wait where the
+trainer needs the truth (a log line, a checkpoint, preemption, the end). fp16 loss-scaler skips count too
+(docs/checkpoints.md, "Preemption and NaN steps", "A run that cannot make progress stops")."""
 import collections
 import logging
 

@@ -6,6 +6,7 @@ import dataclasses
 import torch
 
 from .evaluation import Evaluation
+from .lora import with_lora
 
 
 class ModelHolder:
@@ -40,5 +41,6 @@ def build(trainer, context):
     with context:
         model = trainer.get_models(models)
     model = model[0] if isinstance(model, (list, tuple)) else model
+    model = with_lora(model, trainer.train_config.get("lora"))
     trainer._models = [model]
     return model

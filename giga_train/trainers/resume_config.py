@@ -1,14 +1,7 @@
-"""The config is the truth at resume. What the user changed between runs either applies or is refused in
-one line before training:
-
-- optimizer hyper-parameters (lr, betas, eps, weight_decay, ... and a type whose state is the saved one's,
-  Adam over AdamW) and the scheduler's values (base lrs, warm-up, end value, ...) apply: the checkpoint
-  gives the optimizer state and the schedule's progress only; one line lists what differs from the
-  checkpoint's config;
-- a change the saved state cannot take (a model shape, an optimizer whose state is another's, one
-  optimizer split into two) is refused in one line naming the keys that differ, before any step; nothing
-  on disk changes.
-Data changes are the data stream's and the epoch clock's (epochs.py)."""
+"""The config is the truth at resume: what the user changed between runs either applies (optimizer
+hyper-parameters, the scheduler's values: one line lists them) or is refused in one line naming the keys
+before any step (a model shape, an optimizer whose state is another's), with nothing on disk changed
+(docs/checkpoints.md, "What a resume takes from the config"). Data changes are epochs.py's."""
 import contextlib
 import logging
 import math

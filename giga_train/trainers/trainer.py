@@ -29,6 +29,7 @@ from .ema import EMA
 from .epochs import EpochClock, max_steps_by_epochs, samples_per_step, steps_per_epoch
 from .evaluation import Evaluation
 from .losses import LossBook
+from .lora import with_lora
 from .media import log_media
 from .run_log import RunLog, log_end
 from .flop_count import model_flops_per_sample
@@ -69,7 +70,7 @@ class Trainer(GigaTrainAttributes, Runner):
         self._dataloaders = as_list(self.get_dataloaders(dataloaders))
         self._stream = as_stream(self.dataloader, self.device)  # what the loop reads; checkpoints its position
         with building_context(self.config.launch, self.process_index):  # meta off rank 0 under rank-0 loading
-            self._models = [the_one_model(self.get_models(models))]
+            self._models = [with_lora(the_one_model(self.get_models(models)), self.train_config.get("lora"))]
         self._built_rng = random_streams.capture()  # GigaTrain's stream goes on from here
         self._built_dtypes = {n: t.dtype for n, t in self._models[0].state_dict().items() if torch.is_tensor(t)}  # the EMA's
 

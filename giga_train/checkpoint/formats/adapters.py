@@ -1,9 +1,7 @@
-"""PEFT adapters in checkpoints: a model member that is a peft.PeftModel whose trainable parameters are all
-its adapter's (LoRA...) is saved as the adapter only, in PEFT's own format (adapter_model.safetensors +
-adapter_config.json, which PeftModel.from_pretrained(base, folder) reads); meta.json's layout records, per
-such folder, the base it adapts (base_model_name_or_path) and which model key each adapter key is. Resume
-loads them into the model get_models rebuilt (its frozen base from its own folder); the base's weights are
-never written. Anything else is saved whole."""
+"""PEFT adapters in checkpoints: a peft.PeftModel member whose trainable parameters are all its adapter's is
+saved as the adapter alone, in PEFT's format (its EMA too), meta.json naming the base and mapping the keys;
+resume loads it into the model get_models rebuilt. The base is never gathered nor written (docs/guide.md,
+"LoRA")."""
 import sys
 
 import torch
@@ -11,6 +9,7 @@ import torch
 from ...errors import ConfigError
 
 ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
+WRAPPED = "_checkpoint_wrapped_module."  # activation checkpointing's wrapper in a parameter's name
 
 
 def adapter_keys(module):
@@ -19,9 +18,12 @@ def adapter_keys(module):
     peft = sys.modules.get("peft")  # imported by the project's get_models when it made one
     if peft is None or not isinstance(module, peft.PeftModel):
         return None
-    names = [name for name, p in module.named_parameters() if p.requires_grad]
+    # the state dict's names (activation checkpointing's wrapper is in named_parameters' only)
+    names = [name.replace(WRAPPED, "") for name, p in module.named_parameters() if p.requires_grad]
     tagged = {name: torch.tensor(i) for i, name in enumerate(names)}  # PEFT renames and filters the keys
-    adapter = peft.get_peft_model_state_dict(module, state_dict=tagged)
+    # save_embedding_layers: the frozen embeddings peft may add are not trainable, so never among `tagged` (its
+    # 'auto' looks for the base's config.json at every call and warns when that is not a transformers folder)
+    adapter = peft.get_peft_model_state_dict(module, state_dict=tagged, save_embedding_layers=False)
     if not names or len(adapter) != len(names):
         return None  # a trainable base weight too (or nothing trainable): the whole model
     return {key: names[int(index)] for key, index in adapter.items()}
@@ -34,8 +36,32 @@ def adapter_layout(members):
         keys = adapter_keys(module)
         if keys is not None:
             config = module.peft_config[module.active_adapter]
-            found[folder] = dict(base=config.base_model_name_or_path, keys=keys)
+            base = type(module.get_base_model())
+            found[folder] = dict(base=config.base_model_name_or_path, base_class=f"{base.__module__}.{base.__qualname__}",
+                                 keys=keys)
     return found
+
+
+def saved_keys(members):
+    """The model's state-dict keys a checkpoint holds when a member saves as an adapter (`members`: model_folders'
+    (folder, prefix, module)): each adapter member's trainable parameters, every key of the others; None when
+    no member is an adapter (everything is saved)."""
+    keys, adapted = [], False
+    for _, prefix, member in members:
+        names = adapter_keys(member)
+        adapted = adapted or names is not None
+        keys += [prefix + k for k in (member.state_dict() if names is None else names.values())]
+    return set(keys) if adapted else None
+
+
+def all_adapters(members):
+    """Whether every one of `members` (model_folders') saves as an adapter."""
+    return all(adapter_keys(member) is not None for _, _, member in members)
+
+
+def only(state, keys):
+    """`state` restricted to `keys` (None: all of it)."""
+    return state if keys is None else {k: v for k, v in state.items() if k in keys}
 
 
 def write_adapter(folder, module, part, write_tensors):
@@ -58,7 +84,8 @@ def model_keys(part, keys, prefix):
 def check_adapter_fit(module, state, checkpoint):
     """One line unless `state` (an adapter checkpoint's weights) holds every trainable parameter of `module`
     and only keys of it (the frozen base is what get_models built)."""
-    missing = sorted(n for n, p in module.named_parameters() if p.requires_grad and n not in state)
+    trainable = [n.replace(WRAPPED, "") for n, p in module.named_parameters() if p.requires_grad]
+    missing = sorted(n for n in trainable if n not in state)
     unexpected = sorted(set(state) - set(module.state_dict()))
     if missing or unexpected:
         wrong = missing or unexpected

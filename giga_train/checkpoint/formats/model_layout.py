@@ -1,21 +1,10 @@
 """GigaTrain's model layout inside a checkpoint folder, and reading the weights back from it.
 
-    checkpoint_epoch_E_step_S/
-      <name>/        one folder per ModuleDict member (a single model: the trainer's `model_name`, default
-                     'model'): config.json when the module can write one, and its weights under the file name
-                     of its kind, so that diffusers' and transformers' `from_pretrained` read the folder
-      <name>_ema/    with EMA: the same for the averaged weights (ema_config.json beside them)
-      model.safetensors   with EMA: the live weights, keys of the whole model (GigaTrain leaves them to
-                     Accelerate's file of this name, safetensors by default; its member folders then hold
-                     only EMA). Resume reads them; tools read the folders.
-
-With launch.fsdp_config.fsdp_state_dict_type='SHARDED_STATE_DICT' (FSDP) no rank gathers the model: each
-writes its own shards into `model_dcp/` (and `ema_dcp/` with EMA), torch.distributed.checkpoint folders
-keyed by the whole model's names, and there are no model folders; resume (any world size, any strategy),
-`giga-train export` and `convert` read them (read_weights).
-
-meta.json's `layout` records the folders and their key prefixes, so a checkpoint reads back without the
-model that wrote it; checkpoints written before (no `layout`: `model/`, `model_ema/`) still read."""
+One folder per ModuleDict member that `from_pretrained` reads (`<name>_ema/` with EMA, the live weights then
+in `model.safetensors` at the root), or under FSDP's SHARDED_STATE_DICT each rank's shards in `model_dcp/`
+(`ema_dcp/`); a PEFT adapter member: PeftModel's own files in its folders (adapters.py). meta.json's `layout`
+records the folders and their key prefixes, so a checkpoint reads back without the model that wrote it
+(docs/checkpoints.md)."""
 import copy
 import json
 import os
@@ -51,11 +40,12 @@ def layout_meta(module, model_name, ema, sharded=False):
     """meta.json's `layout`: {folder: key prefix} and where the live weights are (for reading back and
     for the finiteness check of rotation); `sharded`: the weights are in MODEL_SHARDS (and EMA_SHARDS)."""
     folders = {folder: prefix for folder, prefix, _ in model_folders(module, model_name)}
+    adapters = adapter_layout((f, m) for f, _, m in model_folders(module, model_name))  # PEFT's: adapters.py
     if sharded:
-        return dict(models=folders, live=[MODEL_SHARDS], sharded=True)
-    layout = dict(models=folders, live=[LIVE_WITH_EMA] if ema else sorted(folders))
-    adapters = {} if ema else adapter_layout((f, m) for f, _, m in model_folders(module, model_name))
-    return dict(layout, adapters=adapters) if adapters else layout  # PEFT adapters: adapters.py
+        layout = dict(models=folders, live=[MODEL_SHARDS], sharded=True)
+    else:  # with adapters the live weights stay in the member folders, EMA or not (write_live)
+        layout = dict(models=folders, live=[LIVE_WITH_EMA] if ema and not adapters else sorted(folders))
+    return dict(layout, adapters=adapters) if adapters else layout
 
 
 def is_sharded(meta):
@@ -134,8 +124,9 @@ def live_weights(meta):
 
 
 def write_live(root, module, state, model_name, ema, safe):
-    """The live weights: the model folders, or (with EMA, as GigaTrain) one file at the root."""
-    if ema:
+    """The live weights: the model folders, or (with EMA, as GigaTrain) one file at the root; a model with PEFT
+    adapters keeps its folders (an adapter's own, as without EMA), EMA or not."""
+    if ema and not adapter_layout((f, m) for f, _, m in model_folders(module, model_name)):
         write_tensors(os.path.join(root, LIVE_WITH_EMA), state, safe=True)
     else:
         write_model_folders(root, module, state, model_name, safe)
@@ -147,7 +138,7 @@ def write_model_folders(root, module, state, model_name, safe, suffix=""):
         path = os.path.join(root, folder + suffix)
         os.makedirs(path, exist_ok=True)
         part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-        if not suffix and adapter_keys(member) is not None:  # the adapter alone (adapters.py)
+        if adapter_keys(member) is not None:  # the adapter alone (adapters.py), its EMA too
             write_adapter(path, member, part, write_tensors)
             continue
         write_config(path, member)
@@ -228,7 +219,7 @@ def read_weights(checkpoint, meta=None, ema=False):
     state, adapters = {}, layout.get("adapters") or {}
     for folder, prefix in layout["models"].items():
         part = load_state_dict(os.path.join(checkpoint, folder + (EMA_SUFFIX if ema else "")))
-        if folder in adapters and not ema:  # the adapter only (adapters.py): the base is get_models'
+        if folder in adapters:  # the adapter only (adapters.py): the base is get_models'
             state.update(model_keys(part, adapters[folder]["keys"], prefix))
             continue
         state.update({prefix + k: v for k, v in part.items()})

@@ -71,6 +71,24 @@ def update_programs(nblocks, per_program, device):
     return torch.tensor(rows, dtype=torch.int32).reshape(-1, 3).to(device)
 
 
+def _grid(size):
+    """Programs of the small kernels over `size` entries."""
+    return (cdiv1(size, SMALL_BLOCK),)
+
+
+class _StepArgs:
+    """What the launches of one factored step read: the group's hyper-parameters, this step's pointer tables
+    (aligned only when every tensor's column count is too) and the skip flag."""
+
+    def __init__(self, bucket, grads, group, found_inf):
+        self.group = group
+        self.b1, self.b2, self.b3 = group["betas"]
+        self.eps1, self.eps2 = group["eps"]
+        self.pbase, self.ptab, self.gbase, self.gtab, aligned = bucket._tables(grads)
+        self.aligned = aligned and bucket.cols_aligned
+        self.flag = bucket._flag(found_inf)
+
+
 class _Bucket:
     def __init__(self, params, positions, device):
         self.params = list(params)
@@ -149,6 +167,9 @@ class FactoredBucket(_Bucket):
         self.meta = torch.tensor(meta, dtype=torch.int64, device=dev)
         tiles = [(k, cb, rc) for k in range(n) for rc in range(row_chunks[k]) for cb in range(col_blocks[k])]
         self.tiles = torch.tensor(tiles, dtype=torch.int32).reshape(-1, 3).to(dev)
+        self.tile_grid = (self.tiles.shape[0],)
+        self.tile_args = dict(RC=self.rc, BR=self.br, BC=self.bc, PREFETCH=PREFETCH_REDUCE, num_warps=REDUCE_WARPS)
+        self.pk = KIND[params[0].dtype]
         self.nb = UPDATE_NB
         self.progs = update_programs(nblocks, self.nb, dev)
         self.row_segs, self.block_segs = segments(rows, dev), segments(nblocks, dev)
@@ -170,50 +191,67 @@ class FactoredBucket(_Bucket):
         self.psq = torch.empty(self.nblocks, **f32)
 
     def step(self, grads, group, found_inf=None):
-        b1, b2, b3 = group["betas"]
-        eps1, eps2 = group["eps"]
-        pbase, ptab, gbase, gtab, aligned = self._tables(grads)
-        aligned = aligned and self.cols_aligned
-        flag = self._flag(found_inf)
-        n, nr, nc = len(self.params), self.nrows, self.ncols
-        pk = KIND[self.params[0].dtype]
-        tiles = (self.tiles.shape[0],)
-        small = lambda size: (cdiv1(size, SMALL_BLOCK),)  # noqa: E731
-        tile_args = dict(RC=self.rc, BR=self.br, BC=self.bc, PREFETCH=PREFETCH_REDUCE, num_warps=REDUCE_WARPS)
-        rp, cp = self.rowpart.stride(0), self.colpart.stride(0)
-
+        a = _StepArgs(self, grads, group, found_inf)
+        n, nc = len(self.params), self.ncols
         # second moments: row/column EMAs of g^2 + eps1, their 1/sqrt and row totals
-        K._sq_sums_kernel[tiles](gbase, gtab, self.meta, self.tiles, self.rowpart, self.colpart, eps1,
-                                 ALIGNED=aligned, **tile_args)
-        S._ema_kernel[small(nr)](self.row, self.rinv, self.rowpart, self.row_tid, self.meta, flag, nr, b2,
-                                 AXIS=0, BLOCK=SMALL_BLOCK)
-        S._ema_kernel[small(nc)](self.col, self.cinv2, self.colpart, self.col_tid, self.meta, flag, nc, b2,
+        self._square_sums(a)
+        self._row_ema(a)
+        S._ema_kernel[_grid(nc)](self.col, self.cinv2, self.colpart, self.col_tid, self.meta, a.flag, nc, a.b2,
                                  AXIS=1, BLOCK=SMALL_BLOCK)
         S._segsum_kernel[(n,)](self.row, self.row_segs, self.rowsum, BLOCK=SMALL_BLOCK)
         # residual statistics, and the clip scale s from sum U^2
-        K._res_sums_kernel[tiles](gbase, gtab, self.meta, self.tiles, self.rinv, self.cinv2, self.rowsum,
-                                  self.clip, self.mom, self.scales, self.rowpart, self.colpart, rp, cp,
-                                  ALIGNED=aligned, QUANT=self.quantized, SCALE_ROW=self.scale_row,
-                                  BS=self.block_size, **tile_args)
-        S._reduce_kernel[small(nr)](self.rawrow, self.rowpart, self.row_tid, self.meta, nr, rp,
-                                    self.rawrow.stride(0), AXIS=0, NCH=3, BLOCK=SMALL_BLOCK)
-        S._reduce_kernel[small(nc)](self.rawcol, self.colpart, self.col_tid, self.meta, nc, cp,
+        self._residual_sums(a)
+        S._reduce_kernel[_grid(nc)](self.rawcol, self.colpart, self.col_tid, self.meta, nc, self.colpart.stride(0),
                                     self.rawcol.stride(0), AXIS=1, NCH=3, BLOCK=SMALL_BLOCK)
         S._segsum_kernel[(n,)](self.rawrow[2], self.row_segs, self.qsum, BLOCK=SMALL_BLOCK)
-        S._clip_kernel[small(n)](self.qsum, self.numel, self.clip, self.delta, flag, n, group["clip_threshold"],
-                                 BLOCK=SMALL_BLOCK)
-        for dst, inv, raw, tid, size, axis in ((self.res_row, self.rrinv, self.rawrow, self.row_tid, nr, 0),
-                                               (self.res_col, self.rcinv2, self.rawcol, self.col_tid, nc, 1)):
-            S._res_ema_kernel[small(size)](dst, inv, raw, raw.stride(0), tid, self.delta, self.meta, flag, size, b3,
-                                           b1 * b1, eps2, AXIS=axis, BLOCK=SMALL_BLOCK)
+        self._clip(a)
+        self._residual_emas(a)
         S._segsum_kernel[(n,)](self.res_row, self.row_segs, self.ressum, BLOCK=SMALL_BLOCK)
         # momentum, 8-bit codes and the parameters; then RMS(p) of the values before the update
+        self._update(a)
+        S._finish_kernel[(n,)](self.psq, self.block_segs, self.numel, self.rms, self.steps, a.flag, BLOCK=SMALL_BLOCK)
+
+    # The launches both steps make (ShardedFactoredBucket's reduces across ranks between them).
+    def _square_sums(self, a):
+        """Per tile, row and column partial sums of g^2 + eps1 (rowpart, colpart)."""
+        K._sq_sums_kernel[self.tile_grid](a.gbase, a.gtab, self.meta, self.tiles, self.rowpart, self.colpart, a.eps1,
+                                          ALIGNED=a.aligned, **self.tile_args)
+
+    def _row_ema(self, a):
+        """The rows' EMA of g^2 + eps1 and its 1/sqrt (row, rinv) from the row partial sums."""
+        S._ema_kernel[_grid(self.nrows)](self.row, self.rinv, self.rowpart, self.row_tid, self.meta, a.flag,
+                                         self.nrows, a.b2, AXIS=0, BLOCK=SMALL_BLOCK)
+
+    def _residual_sums(self, a):
+        """Per tile, partial sums of d^2, d U, U^2 against last step's clip scale; the rows' reduced (rawrow)."""
+        rp, cp = self.rowpart.stride(0), self.colpart.stride(0)
+        K._res_sums_kernel[self.tile_grid](a.gbase, a.gtab, self.meta, self.tiles, self.rinv, self.cinv2, self.rowsum,
+                                           self.clip, self.mom, self.scales, self.rowpart, self.colpart, rp, cp,
+                                           ALIGNED=a.aligned, QUANT=self.quantized, SCALE_ROW=self.scale_row,
+                                           BS=self.block_size, **self.tile_args)
+        S._reduce_kernel[_grid(self.nrows)](self.rawrow, self.rowpart, self.row_tid, self.meta, self.nrows, rp,
+                                            self.rawrow.stride(0), AXIS=0, NCH=3, BLOCK=SMALL_BLOCK)
+
+    def _clip(self, a):
+        """Each tensor's clip scale from its sum of U^2 (qsum), and the change of 1/s (delta)."""
+        n = len(self.params)
+        S._clip_kernel[_grid(n)](self.qsum, self.numel, self.clip, self.delta, a.flag, n, a.group["clip_threshold"],
+                                 BLOCK=SMALL_BLOCK)
+
+    def _residual_emas(self, a):
+        """The residual's row and column EMAs and their 1/sqrt, from the raw sums (rawrow, rawcol)."""
+        for dst, inv, raw, tid, size, axis in ((self.res_row, self.rrinv, self.rawrow, self.row_tid, self.nrows, 0),
+                                               (self.res_col, self.rcinv2, self.rawcol, self.col_tid, self.ncols, 1)):
+            S._res_ema_kernel[_grid(size)](dst, inv, raw, raw.stride(0), tid, self.delta, self.meta, a.flag, size, a.b3,
+                                           a.b1 * a.b1, a.eps2, AXIS=axis, BLOCK=SMALL_BLOCK)
+
+    def _update(self, a):
+        """Momentum, 8-bit codes and parameters; each block's square sum of the parameter before it (psq)."""
         K._update_kernel[(self.progs.shape[0],)](
-            pbase, ptab, gbase, gtab, self.meta, self.progs, self.rinv, self.cinv2, self.rowsum, self.clip, self.rrinv,
-            self.rcinv2, self.ressum, self.mom, self.scales, self.psq, self.steps, flag, group["lr"],
-            group["weight_decay"], b1, P_KIND=pk, ALIGNED=aligned, QUANT=self.quantized,
+            a.pbase, a.ptab, a.gbase, a.gtab, self.meta, self.progs, self.rinv, self.cinv2, self.rowsum, self.clip,
+            self.rrinv, self.rcinv2, self.ressum, self.mom, self.scales, self.psq, self.steps, a.flag, a.group["lr"],
+            a.group["weight_decay"], a.b1, P_KIND=self.pk, ALIGNED=a.aligned, QUANT=self.quantized,
             WIDE=self.wide, BS=self.block_size, PREFETCH=PREFETCH_UPDATE and self.nb > 1, num_warps=UPDATE_WARPS)
-        S._finish_kernel[(n,)](self.psq, self.block_segs, self.numel, self.rms, self.steps, flag, BLOCK=SMALL_BLOCK)
 
 
 class VectorBucket(_Bucket):
@@ -329,42 +367,28 @@ class ShardedFactoredBucket(_OnShards, FactoredBucket):
         self.ones_segs = segments([1] * n, dev)
 
     def step(self, grads, group, found_inf=None):
-        b1, b2, b3 = group["betas"]
-        eps1, eps2 = group["eps"]
-        pbase, ptab, gbase, gtab, aligned = self._tables(grads)
-        aligned = aligned and self.cols_aligned
-        flag = self._flag(found_inf)
-        n, nr, nc = len(self.params), self.nrows, self.ncols
-        pk = KIND[self.params[0].dtype]
-        tiles = (self.tiles.shape[0],)
-        small = lambda size: (cdiv1(size, SMALL_BLOCK),)  # noqa: E731
-        tile_args = dict(RC=self.rc, BR=self.br, BC=self.bc, PREFETCH=PREFETCH_REDUCE, num_warps=REDUCE_WARPS)
-        rp, cp = self.rowpart.stride(0), self.colpart.stride(0)
+        a = _StepArgs(self, grads, group, found_inf)
+        b1, b3, eps2 = a.b1, a.b3, a.eps2
+        n, nc = len(self.params), self.ncols
+        cp = self.colpart.stride(0)
         A, B = self.factor_sums, self.residual_sums
 
-        K._sq_sums_kernel[tiles](gbase, gtab, self.meta, self.tiles, self.rowpart, self.colpart, eps1,
-                                 ALIGNED=aligned, **tile_args)
-        S._ema_kernel[small(nr)](self.row, self.rinv, self.rowpart, self.row_tid, self.meta, flag, nr, b2,
-                                 AXIS=0, BLOCK=SMALL_BLOCK)
-        S._reduce_kernel[small(nc)](A, self.colpart, self.col_tid, self.meta, nc, cp, 0, AXIS=1, NCH=1,
+        self._square_sums(a)
+        self._row_ema(a)
+        S._reduce_kernel[_grid(nc)](A, self.colpart, self.col_tid, self.meta, nc, cp, 0, AXIS=1, NCH=1,
                                     BLOCK=SMALL_BLOCK)
         # the row EMA is stored only when the step is not skipped: sum the value the kernels will use
         S._segsum_kernel[(n,)](self.row, self.row_segs, A[nc:], BLOCK=SMALL_BLOCK)
         self._sum(A)  # A: column sums, row-EMA totals
         A[:nc].mul_(self.col_ratio)  # the kernel divides by the local row count
         torch.mul(A[nc:], self.row_ratio, out=self.rowsum)
-        S._ema_kernel[small(nc)](self.col, self.cinv2, A, self.col_tid, self.meta_red, flag, nc, b2,
+        S._ema_kernel[_grid(nc)](self.col, self.cinv2, A, self.col_tid, self.meta_red, a.flag, nc, a.b2,
                                  AXIS=1, BLOCK=SMALL_BLOCK)
         # residual raw sums against last step's clip scale
         old_res = B[3 * nc + 3 * n:]
         S._segsum_kernel[(n,)](self.res_row, self.row_segs, old_res, BLOCK=SMALL_BLOCK)
-        K._res_sums_kernel[tiles](gbase, gtab, self.meta, self.tiles, self.rinv, self.cinv2, self.rowsum,
-                                  self.clip, self.mom, self.scales, self.rowpart, self.colpart, rp, cp,
-                                  ALIGNED=aligned, QUANT=self.quantized, SCALE_ROW=self.scale_row,
-                                  BS=self.block_size, **tile_args)
-        S._reduce_kernel[small(nr)](self.rawrow, self.rowpart, self.row_tid, self.meta, nr, rp,
-                                    self.rawrow.stride(0), AXIS=0, NCH=3, BLOCK=SMALL_BLOCK)
-        S._reduce_kernel[small(nc)](B, self.colpart, self.col_tid, self.meta, nc, cp, nc, AXIS=1, NCH=3,
+        self._residual_sums(a)
+        S._reduce_kernel[_grid(nc)](B, self.colpart, self.col_tid, self.meta, nc, cp, nc, AXIS=1, NCH=3,
                                     BLOCK=SMALL_BLOCK)
         for ch in range(3):  # per tensor: sum of d^2, d U, U^2 over its local rows
             S._segsum_kernel[(n,)](self.rawrow[ch], self.row_segs, B[3 * nc + ch * n:3 * nc + (ch + 1) * n],
@@ -374,23 +398,15 @@ class ShardedFactoredBucket(_OnShards, FactoredBucket):
         self.rawcol.copy_(raw_col * self.col_ratio)
         tot = B[3 * nc:3 * nc + 3 * n].view(3, n)
         self.qsum.copy_(tot[2])
-        S._clip_kernel[small(n)](self.qsum, self.numel, self.clip, self.delta, flag, n, group["clip_threshold"],
-                                 BLOCK=SMALL_BLOCK)
+        self._clip(a)
         # the residual row total, from the raw totals (linear): b3 S_old + (1 - b3) (b1^2 e / C + R eps2)
         d = self.delta
         e = (tot[0] + 2 * d * tot[1] + d * d * tot[2]).clamp_(min=0)
         res_total = b3 * old_res + (1 - b3) * (b1 * b1 * e / self.cols_f + self.R_global * eps2)
-        for dst, inv, raw, tid, size, axis in ((self.res_row, self.rrinv, self.rawrow, self.row_tid, nr, 0),
-                                               (self.res_col, self.rcinv2, self.rawcol, self.col_tid, nc, 1)):
-            S._res_ema_kernel[small(size)](dst, inv, raw, raw.stride(0), tid, self.delta, self.meta, flag, size, b3,
-                                           b1 * b1, eps2, AXIS=axis, BLOCK=SMALL_BLOCK)
+        self._residual_emas(a)
         torch.mul(res_total, self.row_ratio, out=self.ressum)
-        K._update_kernel[(self.progs.shape[0],)](
-            pbase, ptab, gbase, gtab, self.meta, self.progs, self.rinv, self.cinv2, self.rowsum, self.clip, self.rrinv,
-            self.rcinv2, self.ressum, self.mom, self.scales, self.psq, self.steps, flag, group["lr"],
-            group["weight_decay"], b1, P_KIND=pk, ALIGNED=aligned, QUANT=self.quantized,
-            WIDE=self.wide, BS=self.block_size, PREFETCH=PREFETCH_UPDATE and self.nb > 1, num_warps=UPDATE_WARPS)
+        self._update(a)
         S._segsum_kernel[(n,)](self.psq, self.block_segs, self.param_square_sums, BLOCK=SMALL_BLOCK)
         self._sum(self.param_square_sums)  # all ranks' pieces
-        S._finish_kernel[(n,)](self.param_square_sums, self.ones_segs, self.numel, self.rms, self.steps, flag,
+        S._finish_kernel[(n,)](self.param_square_sums, self.ones_segs, self.numel, self.rms, self.steps, a.flag,
                                BLOCK=SMALL_BLOCK)

@@ -1,19 +1,8 @@
 """Triton kernels of the fused CAME step: the three passes over the elements (the small kernels
 between them are in came_stats.py, the launch sequence in came_bucket.py).
 
-One launch covers every tensor of a bucket: programs look their tensor up in small int tables
-(TILES, PROGS) and read parameter/gradient addresses from pointer tables. Per step the gradient
-is read three times, the 8-bit momentum twice (plus one write), the parameter once:
-  1. _sq_sums: per tile of BC columns x RC rows, row partial sums (per column block) and column
-     partial sums (per row chunk) of g^2 + eps1. Columns accumulate in registers, rows reduce
-     within a warp, so no reduction crosses warps inside the loop.
-  2. _res_sums: U = g r c from the new factors; with m the old momentum and s' last step's clip
-     scale, row/column partial sums of d^2, d*U, U^2 where d = U / s' - m. (U/s - m_new)^2 is
-     b1^2 (d + (1/s - 1/s') U)^2, so the residual statistics need no extra pass over g.
-  3. _update: momentum update, 8-bit re-quantization per block, parameter update.
-PREFETCH: the loops load the next slab/block into registers before working on the current one,
-so a program always has a load in flight (the passes are latency-bound without it).
-"""
+One launch covers every tensor of a bucket; what each pass computes and how it reads memory:
+docs/architecture.md, "CAME8Bit's step"."""
 import triton
 import triton.language as tl
 
@@ -52,6 +41,14 @@ def _tile(META, TILES, pid, ALIGNED: tl.constexpr):
 
 
 @triton.jit
+def _span(cb, rc, R, C, RC: tl.constexpr, BC: tl.constexpr):
+    """A tile's BC columns, which of them lie inside the tensor, and its rows [r_lo, r_end)."""
+    cols = cb * BC + tl.arange(0, BC)
+    r_lo = rc * RC
+    return cols, cols < C, r_lo, tl.minimum(r_lo + RC, R)
+
+
+@triton.jit
 def _slab(ptr, rows, r_end, cols, cmask, C, other):
     mask = (rows < r_end)[:, None] & cmask[None, :]
     return tl.load(ptr + rows[:, None] * C + cols[None, :], mask=mask, other=other)
@@ -64,10 +61,7 @@ def _sq_sums_kernel(G_BASE, G_OFF, META, TILES, ROWPART, COLPART, eps1, ALIGNED:
     rp_off = _meta(META, k, 6)
     cp_off = _meta(META, k, 7)
     g_ptr = offset_ptr(G_BASE, G_OFF, k, ALIGNED)
-    cols = cb * BC + tl.arange(0, BC)
-    cmask = cols < C
-    r_lo = rc * RC
-    r_end = tl.minimum(r_lo + RC, R)
+    cols, cmask, r_lo, r_end = _span(cb, rc, R, C, RC, BC)
     ar = tl.arange(0, BR)
     if PREFETCH:
         g = _slab(g_ptr, r_lo + ar, r_end, cols, cmask, C, 0.0).to(tl.float32)
@@ -123,13 +117,10 @@ def _res_sums_kernel(G_BASE, G_OFF, META, TILES, RINV, CINV2, ROWSUM, SHAT, MOM,
     cp_off = _meta(META, k, 7)
     g_ptr = offset_ptr(G_BASE, G_OFF, k, ALIGNED)
     mom_ptr = MOM + el_off
-    cols = cb * BC + tl.arange(0, BC)
-    cmask = cols < C
+    cols, cmask, r_lo, r_end = _span(cb, rc, R, C, RC, BC)
     c = tl.load(CINV2 + _meta(META, k, 10, ALIGNED) + cols, mask=cmask, other=0.0)
     sqrt_mean = tl.sqrt(tl.load(ROWSUM + k) / R.to(tl.float32))
     inv_shat = 1.0 / tl.load(SHAT + k)
-    r_lo = rc * RC
-    r_end = tl.minimum(r_lo + RC, R)
     ar = tl.arange(0, BR)
     if PREFETCH:
         first_end = r_end
