@@ -1,4 +1,5 @@
 """ModuleDict: several modules trained as one unit; `model("name", ...)` runs that member's forward."""
+from collections import OrderedDict
 from typing import Any
 
 from torch import nn
@@ -12,11 +13,22 @@ class ModuleDict(nn.ModuleDict):
     whole dict sees every forward and its hooks (gradient sync, unsharding) fire."""
 
     # GigaTrain's switch: 'each' loads every member through its own load_state_dict (a PEFT or LoRA wrapper
-    # that maps its keys there); None: torch's one load over the whole dict.
+    # that maps its keys there); None: torch's one load over the whole dict. Under 'each' the state dict is
+    # also each member's own (giga_models' LoRAPeftWrapper maps its keys only when called without a prefix,
+    # as torch's recursion calls it: its adapters would be missing from every checkpoint, as in GigaTrain's).
     load_state_dict_mode = None
 
     def __init__(self, modules=None, **named) -> None:
         super().__init__({**(modules or {}), **named})
+
+    def state_dict(self, *args, destination=None, prefix="", keep_vars=False):
+        if self.load_state_dict_mode != "each" or args:
+            return super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        out = OrderedDict() if destination is None else destination
+        for name, member in self.items():
+            for key, value in member.state_dict(keep_vars=keep_vars).items():
+                out[f"{prefix}{name}.{key}"] = value
+        return out
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         mode = self.load_state_dict_mode

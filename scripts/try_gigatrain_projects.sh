@@ -5,7 +5,11 @@
 # docs/GIGATRAIN_PROJECTS.md. The projects' code stays in their clones: nothing of it is copied here.
 #
 #   scripts/try_gigatrain_projects.sh giga-world-0 CLONE GIGA_MODELS_CLONE WORK_DIR
+#   scripts/try_gigatrain_projects.sh giga-world-0-lora CLONE GIGA_MODELS_CLONE WORK_DIR
 #   scripts/try_gigatrain_projects.sh giga-world-policy CLONE - WORK_DIR
+#
+# giga-world-0-lora: the same job in the LoRA mode its config offers (commented out there):
+# models.train_mode=lora, models.lora_rank (4 for the tiny transformer; the config's 64).
 #
 # CLONE: a clone of github.com/open-gigaai/giga-world-0 (GIGA_MODELS_CLONE: one of open-gigaai/giga-models,
 # its model library) or of open-gigaai/giga-world-policy (it carries its own giga_models and giga_datasets).
@@ -21,13 +25,14 @@ rm -rf "$work/tiny"; mkdir -p "$work"
 entry=(-m giga_train)  # the `giga-train` command of this checkout
 
 case $project in
-giga-world-0)
+giga-world-0|giga-world-0-lora)
   config=configs/giga_world_0_video.py
   # What had to change, all config values: no GPUs; the tiny stand-ins; no DataLoader workers (a
   # 2-core machine); a short job in steps with a checkpoint mid-epoch (4 videos, batch 1).
   mapfile -t values < <("$PY" -W ignore "$here/scripts/gigatrain_projects/tiny_giga_world_0.py" "$work/tiny" 2> "$work/tiny.log" | grep =)
   values+=(launch.gpu_ids=None dataloaders.train.num_workers=0
            train.max_epochs=None train.max_steps=6 train.checkpoint_interval=3 launch.num_processes=${RANKS:-1})
+  if [ "$project" = giga-world-0-lora ]; then values+=(models.train_mode=lora models.lora_rank=4); fi
   kill_at=step_3
   ;;
 giga-world-policy)  # GigaWorld-Policy-0; its own copies of giga-datasets and giga-models (third_party/)
@@ -50,7 +55,7 @@ sys.exit(main(sys.argv[1:]))")
            launch.num_processes=${RANKS:-1})
   kill_at=step_3
   ;;
-*) echo "unknown project '$project' (known: giga-world-0, giga-world-policy)" >&2; exit 2 ;;
+*) echo "unknown project '$project' (known: giga-world-0, giga-world-0-lora, giga-world-policy)" >&2; exit 2 ;;
 esac
 
 train() { # project_dir: the project's config under `giga-train train`, run from its clone
@@ -58,8 +63,12 @@ train() { # project_dir: the project's config under `giga-train train`, run from
   for v in "${values[@]}" "project_dir=$1"; do sets+=(--set "$v"); done
   (cd "$clone" && exec "$PY" -W ignore "${entry[@]}" train $config "${sets[@]}")
 }
-echo "== giga-train check $config --set launch.gpu_ids=None (nothing else changed)"
-(cd "$clone" && "$PY" -W ignore "${entry[@]}" check $config --set launch.gpu_ids=None 2>&1 | tail -1)
+check() { # the config with the run's values (check reads the model folders and the data the values name)
+  local sets=() v
+  for v in "${values[@]}" "project_dir=$work/check"; do sets+=(--set "$v"); done
+  (cd "$clone" && "$PY" -W ignore "${entry[@]}" check $config "${sets[@]}" 2>&1 | tail -1)
+}
+echo "== giga-train check $config with the values above"; check
 rm -rf "$work/full" "$work/killed"
 echo "== uninterrupted run"; train "$work/full" > "$work/full.log" 2>&1
 echo "== run killed (SIGKILL) once the checkpoint of $kill_at is written"

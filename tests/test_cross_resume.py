@@ -133,3 +133,20 @@ def test_convert_to_full_and_dcp(tmp_path, tmp_path_factory, source):
     assert torch.equal(back["optimizer"]["state"]["embed.weight"]["exp_avg"],
                        optimizer["state"]["embed.weight"]["exp_avg"])
     assert main(["convert", path, "--to", "full", "--out", str(tmp_path / "full")]) == 2  # never overwrites
+
+
+def test_bf16_deepspeed_checkpoint_resumes_elsewhere_from_its_fp32_masters(tmp_path):
+    """Under bf16 the model folder holds the engine's bf16 weights (GigaTrain's); another strategy resuming
+    the checkpoint takes DeepSpeed's fp32 masters (the tied head's too), not their bf16 rounding."""
+    from giga_train.checkpoint import read_weights
+    from giga_train.tools.convert import read_state
+    launch = STRATEGIES["ZeRO-2"]["launch"]
+    launch_from_config(job(tmp_path, "DEEPSPEED", launch=launch, max_steps=2, mixed_precision="bf16", resume=True))
+    path = list_checkpoints(str(tmp_path / "models"))[-1][1]
+    masters, _ = read_state(path)
+    assert {v.dtype for v in read_weights(path).values()} == {torch.bfloat16}
+    trainer = launch_from_config(job(tmp_path, "NO", max_steps=2, mixed_precision="bf16", resume=True))
+    weights = trainer.unwrapped_model.state_dict()
+    assert trainer.step == 2 and masters.keys() == weights.keys()
+    assert all(torch.equal(weights[k], masters[k]) for k in masters)
+    assert any(not torch.equal(v, v.bfloat16().float()) for v in masters.values())  # not bf16-rounded

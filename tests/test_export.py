@@ -153,16 +153,23 @@ def test_export_refuses_a_model_without_save_pretrained(tmp_path, capsys):
 
 
 def test_export_from_deepspeed_takes_its_fp32_master_weights(tmp_path):
+    """The model folder holds the engine's bf16 weights (GigaTrain's under DeepSpeed: its module's state dict),
+    the export DeepSpeed's fp32 masters."""
     pytest.importorskip("deepspeed")
+    from giga_train.checkpoint import read_weights
     from giga_train.tools.convert import read_state
     launch = dict(distributed_type="DEEPSPEED", deepspeed_config=dict(deepspeed_config_file="zero2.json"))
-    _, checkpoint = run(tmp_path, "LlamaTrainer", launch=launch, mixed_precision="bf16")
+    trainer, checkpoint = run(tmp_path, "LlamaTrainer", launch=launch, mixed_precision="bf16")
+    folder, module = read_weights(checkpoint), trainer.unwrapped_model.state_dict()
+    assert {v.dtype for v in folder.values()} == {torch.bfloat16}
+    assert folder.keys() == module.keys() and all(torch.equal(folder[k], module[k]) for k in folder)
     assert main(["export", checkpoint, "--to", "hf"]) == 0
     loaded = transformers.LlamaForCausalLM.from_pretrained(checkpoint + "_hf").state_dict()
     masters, _ = read_state(checkpoint)  # DeepSpeed's own files, through its universal checkpoint
     assert loaded.keys() == masters.keys() and all(torch.equal(loaded[k], masters[k]) for k in loaded)
     # the engine computes in bf16; the export holds the fp32 masters, not bf16-rounded weights
     assert any(not torch.equal(v, v.bfloat16().float()) for v in loaded.values())
+    assert all(torch.equal(masters[k].bfloat16(), folder[k]) for k in folder)  # rounded as the engine rounds
 
 
 def test_export_from_a_two_rank_fsdp2_checkpoint(tmp_path):

@@ -50,7 +50,7 @@ def test_gigatrain_sentinels_mean_not_set(tmp_path):
     t = cfg.train
     assert t.max_epochs is None and t.max_steps == 20
     assert t.checkpoint_total_limit is None and t.checkpoint_interval == 5
-    assert t.mixed_precision == "no" and t.checkpoint_keeps == [] and t.activation_class_names == []
+    assert t.mixed_precision is None and t.checkpoint_keeps == [] and t.activation_class_names == []
     cfg = checked(tmp_path, max_steps=0, max_epochs=2, checkpoint_total_limit=0)
     assert cfg.train.max_steps is None and cfg.train.max_epochs == 2 and cfg.train.checkpoint_total_limit is None
     refused(tmp_path, "train: set max_steps (5) or max_epochs (2), not both", max_steps=5, max_epochs=2)

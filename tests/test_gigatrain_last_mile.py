@@ -1,6 +1,6 @@
 """What a GigaTrain project meets on giga-train, made GigaTrain's: its TensorBoard tags (train.log_tags=
-'gigatrain'), its Trainer attributes, the step its NaN limit stops at, and the line for a LeRobot dataset
-without lerobot."""
+'gigatrain'), its Trainer attributes (self.mixed_precision as the config gives it), the step its NaN limit
+stops at, and the line for a LeRobot dataset without lerobot."""
 import os
 
 import pytest
@@ -37,6 +37,19 @@ def test_gigatrain_trainer_attributes(tmp_path):
     assert trainer.checkpoint_strict is True and trainer.activation_checkpointing is False
     trainer.log_interval = 7  # GigaTrain's are plain attributes: a project may set one
     assert trainer.log_interval == 7
+
+
+def test_mixed_precision_attribute_is_the_configs_value_and_no_trains_as_unset(tmp_path):
+    """GigaTrain's Trainer keeps its mixed_precision argument: None when the config leaves it unset or None,
+    'no' when it says 'no' (checked on GigaTrain 1.1.0: None -> None, 'no' -> 'no'; dtype float32 for both).
+    Under 'no' the run is the unset run: the same losses to the bit."""
+    runs = {}
+    for name, given in (("unset", {}), ("none", dict(mixed_precision=None)), ("no", dict(mixed_precision="no"))):
+        trainer = launch_from_config(tiny_config(tmp_path / name, max_steps=2, **given))
+        runs[name] = (trainer.mixed_precision, str(trainer.dtype), trainer.losses)
+    assert runs["unset"][:2] == runs["none"][:2] == (None, "torch.float32")
+    assert runs["no"][:2] == ("no", "torch.float32")
+    assert runs["no"][2] == runs["unset"][2] == runs["none"][2] and len(runs["no"][2]) == 2
 
 
 class NanTrainer(TinyTrainer):

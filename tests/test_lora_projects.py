@@ -1,6 +1,7 @@
 """LoRA and PEFT projects as GigaTrain runs them (giga_models' LoRAPeftWrapper): a ModuleDict member whose
-save_config writes no config.json (an adapter_config.json here) is checkpointed, EMA included, and resumes
-exactly; ModuleDict.load_state_dict_mode='each' loads each member through its own load_state_dict; an EMA
+save_config writes no config.json (an adapter_config.json here) and whose state_dict renames its weights is
+checkpointed, EMA included, and resumes exactly; ModuleDict.load_state_dict_mode='each' saves and loads each
+member through its own state_dict and load_state_dict; an EMA
 missing weights stops in one line, or under train.checkpoint_strict=False starts their average from the
 weights."""
 import os
@@ -19,7 +20,10 @@ peft = pytest.importorskip("peft")
 
 
 class LoRAWrapper(nn.Module):
-    """A PEFT LoRA model whose save_config writes the adapter's config (adapter_config.json), not config.json."""
+    """A PEFT LoRA model as giga_models' LoRAPeftWrapper wraps one: save_config writes the adapter's config
+    (adapter_config.json), not config.json; state_dict gives the adapter's weights under PEFT's saved names
+    (get_peft_model_state_dict), which torch's recursion, passing a prefix, turns into none at all (GigaTrain's
+    LoRA checkpoints hold no tensors); load_state_dict maps them back (set_peft_model_state_dict)."""
 
     def __init__(self):
         super().__init__()
@@ -30,6 +34,16 @@ class LoRAWrapper(nn.Module):
 
     def save_config(self, folder):
         self.net.peft_config["default"].save_pretrained(folder)
+
+    def state_dict(self, *args, destination=None, **kwargs):
+        out = {} if destination is None else destination
+        out.update(peft.get_peft_model_state_dict(self.net, self.net.state_dict(**kwargs)))
+        return out
+
+    def load_state_dict(self, state_dict, strict=True, **kwargs):
+        result = peft.set_peft_model_state_dict(self.net, state_dict)
+        result.missing_keys.clear()
+        return result
 
     def forward(self, tokens):
         return self.net(tokens)
@@ -67,6 +81,8 @@ def test_lora_model_checkpoints_and_resumes_exactly(tmp_path):
     again = dict(list_checkpoints(str(tmp_path / "half" / "models")))[4]
     a, b = read_weights(last), read_weights(again)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # under load_state_dict_mode='each' the state dict is each member's own: the adapter's weights are there
+    assert sorted(a) == ["transformer.base_model.model.proj.lora_A.weight", "transformer.base_model.model.proj.lora_B.weight"]
     ema_a, ema_b = read_weights(last, ema=True), read_weights(again, ema=True)
     assert any("lora_A" in k for k in ema_a) and all(torch.equal(ema_a[k], ema_b[k]) for k in ema_a)
     assert whole.step == 4

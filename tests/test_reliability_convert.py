@@ -22,8 +22,10 @@ def test_convert_reads_every_deepspeed_layout(tmp_path, stage, ranks, precision)
     assert main(["convert", path, "--to", "full", "--out", str(tmp_path / "full")]) == 0
     from safetensors.torch import load_file
     weights = load_file(tmp_path / "full" / "model.safetensors")
-    saved = read_weights(path)  # the fp32 master weights the checkpoint's model/ holds
-    assert weights.keys() == saved.keys() and all(torch.equal(weights[k], saved[k]) for k in saved)
+    saved = read_weights(path)  # model/: the engine's weights (bf16 under bf16, GigaTrain's), rounded from the masters
+    assert weights.keys() == saved.keys() and all(torch.equal(weights[k].to(saved[k].dtype), saved[k]) for k in saved)
+    assert {v.dtype for v in weights.values()} == {torch.float32}  # DeepSpeed's fp32 masters
+    assert {v.dtype for v in saved.values()} == {torch.bfloat16 if precision == "bf16" else torch.float32}
     optimizer = torch.load(tmp_path / "full" / "optimizer.pt", weights_only=True)
     from examples.char_lm.model import CharLM
     from tests.tiny import MODEL

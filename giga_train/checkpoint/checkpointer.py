@@ -257,7 +257,7 @@ class Checkpointer:
     def load_ema_shards(self, folder, step):
         """The averaged weights straight into the EMA's own tensors (each rank reads its shards' pieces)."""
         from torch.distributed.checkpoint import DefaultLoadPlanner
-        shadows = {SHARDS_KEY: dict(zip(self.ema.names, self.ema.shadow))}  # buffers: the live model's
+        shadows = {SHARDS_KEY: dict(zip(self.ema.keys, self.ema.shadow))}  # buffers: the live model's
         load_dcp(shadows, folder, planner=DefaultLoadPlanner(allow_partial_load=True))
         if step is not None:
             self.ema.optimization_step = step

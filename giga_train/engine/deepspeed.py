@@ -158,9 +158,11 @@ class DeepSpeedStrategy(Strategy):
 
     # -- state --------------------------------------------------------------------------------
     def model_state_dict(self, keys=None):
-        """The fp32 master weights, whole (the engine's module may hold bf16/fp16 copies, partitioned
-        under ZeRO-3): the same `model/` file as every other strategy writes. A collective. `keys`: only
-        those (a PEFT adapter's)."""
+        """The whole weights in the engine module's dtype (bf16/fp16 under mixed precision; partitioned under
+        ZeRO-3, gathered here), as GigaTrain writes the model folders under DeepSpeed: the fp32 master weights
+        rounded as the engine rounds them into its module. The masters themselves stay in DeepSpeed's own
+        files, which resume (any strategy, any world size), export and convert read. A collective. `keys`:
+        only those (a PEFT adapter's)."""
         from deepspeed.utils import safe_get_full_fp32_param
         state = {}
         for key, value in self.unwrap().state_dict(keep_vars=True).items():
@@ -172,7 +174,7 @@ class DeepSpeedStrategy(Strategy):
                 with deepspeed.zero.GatheredParameters([value]):
                     full = value.detach().clone()
             full = (value if full is None else full).detach().cpu()
-            state[key] = full.float() if full.is_floating_point() else full
+            state[key] = full.to(value.dtype) if full.is_floating_point() else full
         return state
 
     def full_state_dict(self, state):

@@ -12,7 +12,7 @@ class Precision:
 
     def __init__(self, mode, device):
         self.mode, self.device = mode, device
-        self.dtype = AUTOCAST_DTYPES[mode]
+        self.dtype = AUTOCAST_DTYPES[mode or "no"]  # None: train.mixed_precision unset
         self.scaler = torch.amp.GradScaler(device.type) if mode == "fp16" else None
 
     def autocast(self):

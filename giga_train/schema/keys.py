@@ -120,6 +120,6 @@ def _fill(path, node, schema, open_keys=False, open_sections=()):
                 list(spec.default) if isinstance(spec.default, list) else spec.default)
         else:
             value = node[key]
-            if value is None and key in NONE_MEANS and open_keys:
+            if value is None and key in NONE_MEANS and open_keys and spec.default is not None:
                 value = NONE_MEANS[key]
             node[key] = spec.validate(where, value)

@@ -23,7 +23,7 @@ TRAIN = dict(
     max_epochs=Key(None, int, min=0),  # 0 (GigaTrain's default): not set
     max_steps=Key(None, int, min=0),  # 0: not set
     gradient_accumulation_steps=Key(1, int, min=1),
-    mixed_precision=Key("no", str, choices=MIXED_PRECISION),  # None: 'no'
+    mixed_precision=Key(None, str, choices=MIXED_PRECISION),  # None: as 'no'; a Trainer's keeps the value given
     dynamo_config=Key(None, dict),
     ddp_config=Key(None, dict),  # DistributedDataParallel's keywords (Accelerate's DistributedDataParallelKwargs)
     fp8_config=Key(None, dict),

@@ -40,19 +40,32 @@ def convert(checkpoint, to, out=None):
 def read_state(checkpoint):
     """(whole fp32 weights, full optimizer state dict keyed by parameter name) of a checkpoint (verified
     by read_weights)."""
-    from ..checkpoint.formats.full_state import deepspeed_meta, deepspeed_parameters, read_dcp, read_deepspeed
+    from ..checkpoint.formats.full_state import (deepspeed_meta, deepspeed_parameters, deepspeed_ties, read_dcp,
+                                                 read_deepspeed)
     weights = read_weights(checkpoint)
     if deepspeed_meta(checkpoint) is None:
         return weights, read_dcp(checkpoint)
     fp32, optimizer = read_deepspeed(checkpoint, *deepspeed_parameters(checkpoint))
-    weights.update(fp32 or {})
+    if fp32:
+        fp32.update({later: fp32[first] for later, first in deepspeed_ties(checkpoint).items() if first in fp32})
+        weights.update(fp32)
     return weights, optimizer
 
 
+def read_live_weights(checkpoint, ema=False):
+    """read_weights, except that where DeepSpeed wrote the checkpoint the trained weights are its fp32
+    masters (its model folders hold them in the engine's dtype, bf16/fp16 under mixed precision, as
+    GigaTrain's do); the EMA's are read as written."""
+    from ..checkpoint.formats.full_state import deepspeed_meta
+    if ema or deepspeed_meta(checkpoint) is None:
+        return read_weights(checkpoint, ema)
+    return read_state(checkpoint)[0]
+
+
 def read_weights(checkpoint, ema=False):
-    """The whole model state dict of a checkpoint written by any strategy (`ema`: the moving average's).
-    The model folders (or with SHARDED_STATE_DICT the model's shards) hold it whatever the engine (DeepSpeed's
-    fp32 master weights, not its bf16 module), so no engine state is read."""
+    """The whole model state dict of a checkpoint written by any strategy (`ema`: the moving average's), as
+    its model folders (or with SHARDED_STATE_DICT the model's shards) hold it: no engine state is read
+    (DeepSpeed's fp32 masters: read_live_weights)."""
     if not is_complete(checkpoint):
         raise ConfigError(f"{checkpoint}: not a complete checkpoint folder (no meta.json)")
     check_intact(checkpoint)  # checksums and layout, as resume: one line naming a damaged file

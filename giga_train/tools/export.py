@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from .convert import read_weights
+from .convert import read_live_weights
 from ..checkpoint.out_folder import written_folder
 from ..checkpoint.formats.weights import SAFETENSORS_WEIGHTS_NAME, write_tensors
 from ..errors import ConfigError
@@ -25,7 +25,7 @@ log = logging.getLogger("giga_train")
 
 def export(checkpoint, out=None, ema=False, config=None, max_shard_size="5GB", merged=False):
     """Write the folder(s) and return `out`."""
-    weights = read_weights(checkpoint, ema)  # refuses an incomplete folder or a missing EMA in one line
+    weights = read_live_weights(checkpoint, ema)  # refuses an incomplete folder or a missing EMA in one line
     out = out or os.path.normpath(checkpoint) + ("_ema_hf" if ema else "_hf")
     if os.path.exists(out):
         raise ConfigError(f"--out: {out} exists; give another folder (nothing is overwritten)")

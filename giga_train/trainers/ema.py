@@ -26,14 +26,19 @@ class EMA:
     the count of updates lives on the device and a skipped step does not advance it."""
 
     def __init__(self, module, decay, warmup=False, optimization_step=0, dtypes=None):
-        """`dtypes`: {name: dtype} of the weights as get_models built them; a bf16/fp16 weight's average is
-        kept (and written) in that dtype, as GigaTrain's EMAModel keeps it; fp32 otherwise."""
+        """`dtypes`: {state dict name: dtype} of the model as get_models built it; a bf16/fp16 weight's
+        average is kept (and written) in that dtype, as GigaTrain's EMAModel keeps it; fp32 otherwise. The
+        frozen weights and buffers are written in their built dtype too (an engine may have cast them)."""
         self.decay, self.warmup = decay, warmup
         self.names = [n for n, p in module.named_parameters() if p.requires_grad]
         self.params = [p for p in module.parameters() if p.requires_grad]
-        dtypes = {k.replace(WRAPPED, ""): v for k, v in (dtypes or {}).items()}
-        self.shadow = [p.detach().to(_storage(dtypes.get(n.replace(WRAPPED, "")))).clone()
-                       for n, p in zip(self.names, self.params)]
+        self.built = dtypes = {k.replace(WRAPPED, ""): v for k, v in (dtypes or {}).items()}
+        # each trained weight's name in the module's state dict, which checkpoints hold (a member's own
+        # state_dict may rename its weights: a LoRA wrapper's drops PEFT's adapter name)
+        key_of = {id(v): k for k, v in module.state_dict(keep_vars=True).items()}
+        self.keys = [key_of.get(id(p), n) for n, p in zip(self.names, self.params)]
+        self.shadow = [p.detach().to(_storage(dtypes.get(k.replace(WRAPPED, "")))).clone()
+                       for k, p in zip(self.keys, self.params)]
         device = self.params[0].device if self.params else torch.device("cpu")
         self._count = torch.full((), float(optimization_step), dtype=torch.float32, device=device)
 
@@ -88,24 +93,33 @@ class EMA:
     def state_dict(self, module):
         """The module's full state with the averaged weights in place of the trained ones, under every
         name a parameter has (a tied weight, e.g. an LM head sharing the embedding, is listed once by
-        named_parameters but twice in the state dict: both names get the average)."""
+        named_parameters but twice in the state dict: both names get the average). The rest (frozen weights,
+        buffers) in the dtype get_models built it in, as GigaTrain's EMAModel holds it: DeepSpeed's bf16/fp16
+        module holds cast copies."""
         shadow_of = {id(p): s for p, s in zip(self.params, self.shadow)}
-        return {k: shadow_of.get(id(v), v).detach() for k, v in module.state_dict(keep_vars=True).items()}
+        state = {}
+        for k, v in module.state_dict(keep_vars=True).items():
+            value = shadow_of.get(id(v), v).detach()
+            built = self.built.get(k.replace(WRAPPED, ""))
+            if id(v) not in shadow_of and built is not None and value.is_floating_point():
+                value = value.to(built)
+            state[k] = value
+        return state
 
     def load_state_dict(self, state, optimization_step=None, strict=True, where="the checkpoint"):
         """Averaged weights from a full state dict (and the update count, when given). A weight `state` lacks:
         `strict` stops in one line naming it; otherwise (train.checkpoint_strict=False, as GigaTrain's
         non-strict load) its average starts from the weight as it is now (loaded just before)."""
-        missing = [n for n in self.names if n not in state]
+        missing = [k for k in self.keys if k not in state]
         if missing and strict:
-            raise CheckpointError(f"{where}: the EMA lacks {len(missing)} of {len(self.names)} trained weights"
+            raise CheckpointError(f"{where}: the EMA lacks {len(missing)} of {len(self.keys)} trained weights"
                                   f" ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); set"
                                   " train.checkpoint_strict=False to start their average from the weights")
         if missing:
             log.warning("resume: %s: the EMA lacks %d of %d trained weights (%s...); their average starts from"
-                        " the weights (train.checkpoint_strict=False)", where, len(missing), len(self.names),
+                        " the weights (train.checkpoint_strict=False)", where, len(missing), len(self.keys),
                         missing[0])
-        for name, shadow, param in zip(self.names, self.shadow, self.params):
+        for name, shadow, param in zip(self.keys, self.shadow, self.params):
             if name not in state:
                 shadow.copy_(param.detach())
                 continue

@@ -72,7 +72,7 @@ class Trainer(GigaTrainAttributes, Runner):
         with building_context(self.config.launch, self.process_index):  # meta off rank 0 under rank-0 loading
             self._models = [with_lora(the_one_model(self.get_models(models)), self.train_config.get("lora"))]
         self._built_rng = random_streams.capture()  # GigaTrain's stream goes on from here
-        self._built_dtypes = {n: p.dtype for n, p in self._models[0].named_parameters()}  # the EMA's (GigaTrain's)
+        self._built_dtypes = {n: t.dtype for n, t in self._models[0].state_dict().items() if torch.is_tensor(t)}  # the EMA's
 
         def make_optimizers(module):  # called by the engine with the module whose parameters it steps
             self._models = [module]
@@ -129,9 +129,8 @@ class Trainer(GigaTrainAttributes, Runner):
 
     # -- GigaTrain's properties, and ours (unwrapped_model, sync_gradients, data_rank_and_world, epoch) -------
     @property
-    def mixed_precision(self) -> str | None:  # as GigaTrain's Trainer: None without mixed precision
-        mode = self.options.get("mixed_precision")
-        return None if mode in (None, "no") else mode
+    def mixed_precision(self) -> str | None:  # as GigaTrain's Trainer: the config's value, None when unset
+        return self.options.get("mixed_precision")
 
     unwrapped_model = property(lambda self: self.strategy.unwrap())  # the model without the engine's wrapper
     optimizers = property(lambda self: self._optimizers)

@@ -33,12 +33,17 @@ def same_weights(a, b):
     files = sorted(os.path.relpath(p, a) for p in glob.glob(f"{a}/**/*", recursive=True)
                    if p.endswith((".safetensors", ".bin")) and "/deepspeed/" not in p)
     assert files, f"no weight files in {a}"
+    counts = []
     for name in files:
         x, y = load(os.path.join(a, name)), load(os.path.join(b, name))
+        if not x:  # a file of no tensors would compare equal: a checkpoint that lost its weights
+            print(f"{name}: holds no tensors")
+            return False
         if x.keys() != y.keys() or any(not torch.equal(x[k], y[k]) for k in x):
             print(f"{name}: differ")
             return False
-    print(f"{len(files)} weight files ({', '.join(files)}): every tensor identical")
+        counts.append(f"{name}: {len(x)}")
+    print(f"{len(files)} weight files ({', '.join(counts)} tensors): every tensor identical")
     return True
 
 

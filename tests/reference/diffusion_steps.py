@@ -3,8 +3,11 @@ global RNG in forward_step) trained a few steps under whichever `giga_train` thi
 1.1.0 in its venv, or ours), printing JSON: per step the loss, the raw gradient norm and a digest of the
 weights, and the final weights and EMA weights as lists.
 
-stdin (JSON): {"out": "result.json", "steps": 6, "lora": false, "workdir": "/tmp/..."}. `lora`: get_models freezes the base
-and adds a low-rank adapter whose init draws from the global RNG (as PEFT's LoRA does in get_models).
+stdin (JSON): {"out": "result.json", "steps": 6, "lora": false, "bf16": false, "deepspeed": false, "workdir": "/tmp/..."}.
+`lora`: get_models freezes the base and adds a low-rank adapter whose init draws from the global RNG (as PEFT's
+LoRA does in get_models). `bf16`: the model built in bf16. `deepspeed`: DEEPSPEED (the shipped zero2.json,
+train.mixed_precision='bf16', one process over gloo); GigaTrain's Accelerate is given the variables `accelerate
+launch` sets and the gloo backend it picks on no CPU (accelerate_deepspeed_on_cpu).
 """
 import hashlib
 import json
@@ -115,15 +118,39 @@ class DenoiserTrainer(Trainer):
         return dict(mse=loss)
 
 
+def accelerate_deepspeed_on_cpu():
+    """GigaTrain 1.1.0 under DEEPSPEED in this one process, on the CPU: the environment `accelerate launch`
+    gives a DeepSpeed rank (its zero2.json, the rank variables), and Accelerate's backend choice made gloo
+    (it finds no accelerator on a CPU and would run DistributedType.NO)."""
+    import socket
+
+    import giga_train
+    from accelerate import state
+    from accelerate.utils import DistributedType
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    configs = os.path.join(os.path.dirname(giga_train.__file__), 'distributed', 'accelerate_configs')
+    os.environ.update(ACCELERATE_USE_DEEPSPEED='true', ACCELERATE_DEEPSPEED_CONFIG_FILE=os.path.join(configs, 'zero2.json'),
+                      RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', LOCAL_WORLD_SIZE='1', MASTER_ADDR='127.0.0.1',
+                      MASTER_PORT=str(port))
+    state.PartialState._prepare_backend = lambda self, *args, **kwargs: ('gloo', DistributedType.MULTI_CPU)
+
+
 def run(case):
     register()
+    import giga_train
+    deepspeed = bool(case.get('deepspeed', False))
+    if deepspeed and giga_train.__version__ == '1.1.0':
+        accelerate_deepspeed_on_cpu()
     cls = DenoiserTrainer
     workdir = case.get('workdir') or tempfile.mkdtemp(prefix='diffusion-steps-')
     project_dir = os.path.join(workdir, 'project')
     config = dict(
         project_dir=project_dir,
         runners=['diffusion_steps.DenoiserTrainer'],
-        launch=dict(distributed_type='NO'),
+        launch=dict(distributed_type='DEEPSPEED', deepspeed_config=dict(deepspeed_config_file='zero2.json'))
+        if deepspeed else dict(distributed_type='NO'),
         dataloaders=dict(train=dict(data_or_config=dict(_class_name='TinyLatents', size=10, seed=0),
                                     batch_size_per_gpu=2, num_workers=0, transform=None,
                                     sampler=dict(type='DefaultSampler', shuffle=True))),
@@ -132,7 +159,7 @@ def run(case):
         schedulers=dict(type='ConstantScheduler'),
         train=dict(max_steps=int(case.get('steps', 6)), log_interval=1, checkpoint_interval=100,
                    checkpoint_safe_serialization=True,
-                   with_ema=True, max_grad_norm=1.0, seed=1234),
+                   with_ema=True, max_grad_norm=case.get('max_grad_norm', 1.0), seed=1234, **(dict(mixed_precision='bf16') if deepspeed else {})),
     )
     from giga_train import load_config
     config = load_config(config)
@@ -144,23 +171,30 @@ def run(case):
     model = trainer.model
     model = getattr(model, 'module', model)
     state = {k: v.detach().float().reshape(-1).tolist() for k, v in model.state_dict().items()}
+    masters = {}  # DeepSpeed's fp32 master weights of the trained parameters
+    if deepspeed:
+        from deepspeed.utils import safe_get_full_fp32_param
+        for k, p in model.named_parameters():
+            if p.requires_grad:
+                masters[k] = safe_get_full_fp32_param(p).reshape(-1).tolist()
     if getattr(trainer, 'ema_models', None):  # GigaTrain's EMAModel list
         ema = trainer.ema_models[0].state_dict()
     else:  # ours: one EMA over the trained module
         ema = trainer.ema.state_dict(model)
     ema_state = {k: v.detach().float().reshape(-1).tolist() for k, v in ema.items()
                  if isinstance(v, torch.Tensor) and v.is_floating_point()}
-    saved = {}  # the dtypes of the EMA folder GigaTrain's layout writes: <model_name>_ema/
+    saved, live = {}, {}  # the dtypes of the EMA folder GigaTrain's layout writes (<model_name>_ema/), and the rest
     from safetensors import safe_open
     for root, _, files in os.walk(os.path.join(project_dir, 'models')):
         for f in files:
-            if f.endswith('.safetensors') and os.path.basename(root).endswith('_ema'):
+            if f.endswith('.safetensors'):
                 with safe_open(os.path.join(root, f), 'pt') as st:
-                    saved[os.path.relpath(os.path.join(root, f), project_dir).split('/', 2)[-1]] = sorted(
-                        {str(st.get_slice(k).get_dtype()) for k in st.keys()})
-    return dict(steps=RECORD['steps'], weights=state, ema=ema_state,
+                    dtypes = sorted({str(st.get_slice(k).get_dtype()) for k in st.keys()})
+                name = os.path.relpath(os.path.join(root, f), project_dir).split('/', 2)[-1]
+                (saved if os.path.basename(root).endswith('_ema') else live)[name] = dtypes
+    return dict(steps=RECORD['steps'], weights=state, masters=masters, ema=ema_state,
                 ema_dtypes=sorted({str(v.dtype) for v in ema.values() if isinstance(v, torch.Tensor)}),
-                ema_files=saved)
+                ema_files=saved, live_files=live)
 
 
 if __name__ == '__main__':

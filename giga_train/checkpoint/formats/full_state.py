@@ -73,17 +73,42 @@ def read_deepspeed(folder, names, param_groups):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def deepspeed_parameters(folder):
-    """(names with shapes in the optimizer's order, one {"params": [...]} per group) from DeepSpeed's own
-    files, for reading its state without the model (giga-train convert)."""
+def _model_states(folder):
     state_dir = os.path.join(folder, DEEPSPEED_DIR, DEEPSPEED_TAG)
     found = sorted(glob.glob(os.path.join(state_dir, "*mp_rank_00_model_states.pt")))  # ZeRO-3: zero_pp_rank_N_...
     if not found:
         raise FileNotFoundError(f"{state_dir}: no DeepSpeed model states file (*mp_rank_00_model_states.pt)")
-    saved = torch_load(found[0])
+    return torch_load(found[0])
+
+
+def _ties(saved):
+    """{a tied parameter's later name: its first name}: DeepSpeed's shared_params (ZeRO-1/2/3), else (ZeRO-0
+    leaves it empty) the module's names whose tensor is an earlier name's tensor."""
+    if saved.get("shared_params"):
+        return dict(saved["shared_params"])
+    first, ties = {}, {}
+    for k, v in saved["module"].items():
+        if torch.is_tensor(v) and v.numel():
+            key = (v.data_ptr(), tuple(v.shape), v.dtype)
+            if key in first:
+                ties[k] = first[key]
+            first.setdefault(key, k)
+    return ties
+
+
+def deepspeed_ties(folder):
+    """{later name: first name} of the tied parameters of the model DeepSpeed saved in `folder` (whose
+    master weights DeepSpeed keeps under the first name only)."""
+    return _ties(_model_states(folder))
+
+
+def deepspeed_parameters(folder):
+    """(names with shapes in the optimizer's order, one {"params": [...]} per group) from DeepSpeed's own
+    files, for reading its state without the model (giga-train convert)."""
+    saved = _model_states(folder)
     groups = saved.get("param_shapes")
     if not groups:  # ZeRO-0 in fp32: the module's own order, without buffers and tied duplicates
-        skip = set(saved.get("buffer_names") or ()) | set(saved.get("shared_params") or ())
+        skip = set(saved.get("buffer_names") or ()) | set(_ties(saved))
         groups = [{k: v.shape for k, v in saved["module"].items() if k not in skip}]
     names = [(k, tuple(shape)) for group in groups for k, shape in group.items()]
     return names, [dict(params=list(group)) for group in groups]
