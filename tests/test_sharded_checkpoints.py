@@ -22,7 +22,7 @@ from giga_train.checkpoint.manager import weights_finite
 from giga_train.checkpoint.formats.full_state import read_dcp_whole
 from giga_train.checkpoint.safe_unpickle import load_metadata
 from giga_train.errors import ConfigError
-from giga_train.tools.export import read_weights as export_weights
+from giga_train.tools.convert import read_live_weights as export_weights
 from giga_train.trainers.runner import Runner
 from tests.distributed import job
 from tests.tiny import TinyTrainer
