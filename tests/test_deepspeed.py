@@ -1,6 +1,7 @@
 """DeepSpeed ZeRO-0..3 at 2 ranks (gloo) equal one process with the same global batch; resume; bad input."""
 import json
 import os
+import shutil
 
 import pytest
 
@@ -19,23 +20,37 @@ def zero(stage, **extra):
     return dict(deepspeed_config=dict(deepspeed_config_file=f"zero{stage}.json"), **extra)
 
 
+RUNS = {}
+
+
+def zero_run(tmp_path_factory, stage, **train):
+    """The 4-step run at 2 ranks of this stage (once per module: the resume test starts from its step 2)."""
+    key = (stage, repr(sorted(train.items())))
+    if key not in RUNS:
+        project = tmp_path_factory.mktemp(f"zero{stage}")
+        RUNS[key] = project, launch_from_config(job(project, "DEEPSPEED", ranks=2, launch=zero(stage), **train))
+    return RUNS[key]
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("train", [{}, VARIANT], ids=["plain", "accum2_ckpt"])
-def test_zero_equals_one_process(tmp_path, tmp_path_factory, stage, train):
-    result = launch_from_config(job(tmp_path, "DEEPSPEED", ranks=2, launch=zero(stage), **train))
+def test_zero_equals_one_process(tmp_path_factory, stage, train):
+    project, result = zero_run(tmp_path_factory, stage, **train)
     assert result["step"] == 4
-    assert_same_weights(final_weights(tmp_path), reference(tmp_path_factory, CACHE, **train))
+    assert_same_weights(final_weights(project), reference(tmp_path_factory, CACHE, **train))
     assert os.path.isdir(os.path.join(result["checkpoint"], "deepspeed", "state"))
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_zero_resume_is_exact(tmp_path, tmp_path_factory, stage):
-    cfg = job(tmp_path, "DEEPSPEED", ranks=2, launch=zero(stage), resume=True, max_steps=2)
-    launch_from_config(cfg)
-    cfg["train"]["max_steps"] = 4
-    launch_from_config(cfg)
+    """The plain run's step-2 checkpoint (a run stopped there wrote the same one), resumed to step 4."""
+    source, _ = zero_run(tmp_path_factory, stage)
+    step, path = list_checkpoints(os.path.join(source, "models"))[0]
+    assert step == 2
+    shutil.copytree(path, tmp_path / "models" / os.path.basename(path))
+    launch_from_config(job(tmp_path, "DEEPSPEED", ranks=2, launch=zero(stage), resume=True))
     assert [s for s, _ in list_checkpoints(os.path.join(tmp_path, "models"))] == [2, 4]
-    assert_same_weights(final_weights(tmp_path), reference(tmp_path_factory, CACHE, resume=True))
+    assert_same_weights(final_weights(tmp_path), reference(tmp_path_factory, CACHE))
 
 
 def bad_config(tmp_path, deepspeed_config, **train):
