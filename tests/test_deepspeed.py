@@ -8,7 +8,7 @@ import pytest
 from giga_train import launch_from_config
 from giga_train.cli import main
 from giga_train.checkpoint import list_checkpoints
-from tests.distributed import assert_same_weights, final_weights, job, reference
+from tests.distributed import assert_same_weights, final_weights, job, reference, shared_run
 
 pytest.importorskip("deepspeed")  # an install extra ('.[deepspeed]'); `make test` installs it
 
@@ -20,16 +20,10 @@ def zero(stage, **extra):
     return dict(deepspeed_config=dict(deepspeed_config_file=f"zero{stage}.json"), **extra)
 
 
-RUNS = {}
-
-
 def zero_run(tmp_path_factory, stage, **train):
-    """The 4-step run at 2 ranks of this stage (once per module: the resume test starts from its step 2)."""
-    key = (stage, repr(sorted(train.items())))
-    if key not in RUNS:
-        project = tmp_path_factory.mktemp(f"zero{stage}")
-        RUNS[key] = project, launch_from_config(job(project, "DEEPSPEED", ranks=2, launch=zero(stage), **train))
-    return RUNS[key]
+    """The 4-step run at 2 ranks of this stage (once per session: the resume test here and
+    tests/test_cross_resume.py start from its step 2)."""
+    return shared_run(tmp_path_factory, "DEEPSPEED", 2, zero(stage), **train)
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
