@@ -6,7 +6,7 @@ import pytest
 
 from giga_train import launch_from_config
 from giga_train.checkpoint import list_checkpoints
-from tests.distributed import assert_same_weights, final_weights, job, reference
+from tests.distributed import assert_same_weights, final_weights, job, reference, shared_run
 
 CACHE = {}
 FSDP = {2: dict(fsdp_config=dict(fsdp_version=2, fsdp_transformer_layer_cls_to_wrap="Block")),
@@ -14,16 +14,10 @@ FSDP = {2: dict(fsdp_config=dict(fsdp_version=2, fsdp_transformer_layer_cls_to_w
 VARIANT = dict(gradient_accumulation_steps=2, activation_checkpointing=True, activation_class_names=["Block"])
 
 
-RUNS = {}
-
-
 def fsdp_run(tmp_path_factory, version, **train):
-    """The 4-step run at 2 ranks of this FSDP version (once per module: the resume test starts from its step 2)."""
-    key = (version, repr(sorted(train.items())))
-    if key not in RUNS:
-        project = tmp_path_factory.mktemp(f"fsdp{version}")
-        RUNS[key] = project, launch_from_config(job(project, "FSDP", ranks=2, launch=FSDP[version], **train))
-    return RUNS[key]
+    """The 4-step run at 2 ranks of this FSDP version (once per session: the resume test here and
+    tests/test_cross_resume.py start from its step 2)."""
+    return shared_run(tmp_path_factory, "FSDP", 2, FSDP[version], **train)
 
 
 @pytest.mark.parametrize("version", [2, 1])
