@@ -2,7 +2,6 @@
 a small fraction of the whole model's; resume rebuilds the base by get_models and continues exactly."""
 import json
 import os
-import shutil
 
 import pytest
 
@@ -45,11 +44,9 @@ def test_adapter_checkpoints_are_small_and_resume_exactly(tmp_path, monkeypatch,
     # even with exclude_frozen_parameters, and copies its zero_to_fp32.py script into each checkpoint
     share = 0.2 if kind == "DEEPSPEED" else 0.1
     assert folder_bytes(last) < share * os.path.getsize(tmp_path / "base.pt")
-    # the straight run's step-2 checkpoint (a run stopped there wrote the same one), resumed to step 4
     resumed = tmp_path / "resumed"
-    shutil.copytree(first, resumed / "models" / os.path.basename(first))
+    launch_from_config(lora_job(resumed, kind, ranks, max_steps=2))
     launch_from_config(lora_job(resumed, kind, ranks, resume=True))
-    assert [s for s, _ in list_checkpoints(str(resumed / "models"))] == [2, 4]
     _, resumed_last = list_checkpoints(str(resumed / "models"))[-1]
     got, expected = read_weights(resumed_last), read_weights(last)
     assert got.keys() == expected.keys() and all("lora_" in k for k in got)
