@@ -38,3 +38,18 @@ def reference(tmp_path_factory, cache, **train):
         launch_from_config(job(project, **train))
         cache[key] = final_weights(project)
     return cache[key]
+
+
+_SHARED = {}
+
+
+def shared_run(tmp_path_factory, distributed_type="NO", ranks=1, launch=None, **train):
+    """(project folder, result) of job(...) with these arguments, run once per session: the test files that
+    train the same job (the strategies' own tests, the cross-resume sources) share it."""
+    cfg = job("", distributed_type, ranks, launch, **train)
+    key = repr(cfg)
+    if key not in _SHARED:
+        project = tmp_path_factory.mktemp(f"shared_{distributed_type}_{ranks}")
+        cfg["project_dir"] = str(project)
+        _SHARED[key] = project, launch_from_config(cfg)
+    return _SHARED[key]

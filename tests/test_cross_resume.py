@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from giga_train import launch_from_config
-from giga_train.checkpoint import list_checkpoints, read_meta
+from giga_train.checkpoint import list_checkpoints, read_meta, read_weights
 from giga_train.checkpoint.formats.full_state import read_dcp
-from tests.distributed import assert_same_weights, final_weights, job
+from tests.distributed import assert_same_weights, final_weights, job, shared_run
 from tests.tiny import TinyTrainer
 
 # eps1 1e-8: the key bias of attention gets ~zero gradients, whose CAME update (g / |g|) is noise
@@ -35,7 +35,12 @@ def _job(project, strategy, ranks, optimizer=None, max_steps=4):
 
 
 def _run(tmp_path_factory, strategy, ranks, optimizer=None, max_steps=4):
-    """The project folder of a run (computed once per module and reused as a source)."""
+    """The project folder of a run (computed once per module and reused as a source). The plain 4-step runs
+    are the strategies' own tests' (tests/distributed.py's shared_run, once per session): a source is then
+    their step-2 checkpoint, which a run stopped at step 2 writes the same."""
+    if optimizer is None and max_steps == 4:
+        spec = STRATEGIES[strategy]
+        return shared_run(tmp_path_factory, spec["distributed_type"], ranks, spec.get("launch"))[0]
     key = (strategy, ranks, repr(optimizer), max_steps)
     if key not in _RUNS:
         project = tmp_path_factory.mktemp(f"{strategy}_{ranks}")
@@ -46,12 +51,17 @@ def _run(tmp_path_factory, strategy, ranks, optimizer=None, max_steps=4):
 
 def _resume(tmp_path, source, strategy, ranks, optimizer=None):
     """Copy the source's step-2 checkpoint into a new project and train it to step 4 here."""
-    step, path = list_checkpoints(os.path.join(source, "models"))[-1]
-    assert step == 2
+    path = _step_2(source)
     shutil.copytree(path, tmp_path / "models" / os.path.basename(path))
     launch_from_config(_job(tmp_path, strategy, ranks, optimizer))
     assert list_checkpoints(str(tmp_path / "models"))[-1][0] == 4
     return final_weights(tmp_path)
+
+
+def _step_2(project):
+    step, path = list_checkpoints(os.path.join(str(project), "models"))[0]
+    assert step == 2
+    return path
 
 
 @pytest.mark.parametrize("source,target", [
@@ -65,7 +75,7 @@ def _resume(tmp_path, source, strategy, ranks, optimizer=None):
 ], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_resume_under_another_strategy_and_world_size(tmp_path, tmp_path_factory, source, target):
     reference = final_weights(_run(tmp_path_factory, "NO", 1))
-    src = _run(tmp_path_factory, *source, max_steps=2)
+    src = _run(tmp_path_factory, *source)
     assert_same_weights(_resume(tmp_path, src, *target), reference)
     meta = read_meta(list_checkpoints(str(tmp_path / "models"))[-1][1])
     assert meta["samples_seen"] == 4 * 8 and meta["world_size"] == target[1]
@@ -116,13 +126,12 @@ def test_convert_to_full_and_dcp(tmp_path, tmp_path_factory, source):
     from examples.char_lm.model import CharLM
     from giga_train.cli import main
     from tests.tiny import MODEL
-    src = _run(tmp_path_factory, *source, max_steps=2)
-    path = list_checkpoints(os.path.join(src, "models"))[-1][1]
+    path = _step_2(_run(tmp_path_factory, *source))
     assert main(["convert", path, "--to", "full", "--out", str(tmp_path / "full")]) == 0
     model = CharLM(**dict(MODEL, dropout=0.0))
     from safetensors.torch import load_file
     model.load_state_dict(load_file(tmp_path / "full" / "model.safetensors"))  # strict: every key, right shapes
-    reference = final_weights(_run(tmp_path_factory, "NO", 1, max_steps=2))
+    reference = read_weights(_step_2(_run(tmp_path_factory, "NO", 1)))
     assert_same_weights(model.state_dict(), reference)
     optimizer = torch.load(tmp_path / "full" / "optimizer.pt", weights_only=True)
     names = {n for n, p in model.named_parameters()}

@@ -5,7 +5,7 @@ import pytest
 
 from giga_train import launch_from_config
 from giga_train.checkpoint import list_checkpoints
-from tests.distributed import assert_same_weights, final_weights, job, reference
+from tests.distributed import assert_same_weights, final_weights, job, reference, shared_run
 
 CACHE = {}
 VARIANTS = {"plain": {}, "accum2_ckpt": dict(gradient_accumulation_steps=2, activation_checkpointing=True,
@@ -13,11 +13,11 @@ VARIANTS = {"plain": {}, "accum2_ckpt": dict(gradient_accumulation_steps=2, acti
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_ddp_equals_one_process(tmp_path, tmp_path_factory, variant):
+def test_ddp_equals_one_process(tmp_path_factory, variant):
     train = VARIANTS[variant]
-    result = launch_from_config(job(tmp_path, "DDP", ranks=2, **train))
+    project, result = shared_run(tmp_path_factory, "DDP", 2, **train)  # tests/test_cross_resume.py's source too
     assert result["step"] == 4 and result["metrics"]["total_loss"] > 0
-    assert_same_weights(final_weights(tmp_path), reference(tmp_path_factory, CACHE, **train))
+    assert_same_weights(final_weights(project), reference(tmp_path_factory, CACHE, **train))
 
 
 def test_ddp_resume_and_restart_after_a_killed_worker(tmp_path, tmp_path_factory, monkeypatch):

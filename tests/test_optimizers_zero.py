@@ -83,29 +83,32 @@ def _layout(style, rank, world):
     return entries, off
 
 
-def _worker(rank, world, port, style, out_path):
+def _worker(rank, world, port, styles, out_path):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        entries, size = _layout(style, rank, world)
-        flat = torch.nn.Parameter(torch.zeros(size))
-        full = initial()
-        for name, shape, off, start, numel in entries:
-            flat.data[off:off + numel] = full[name].reshape(-1)[start:start + numel]
-        opt = CAME8Bit([flat], **OPT_ARGS)
-        opt._zero = layouts_of([(flat, None, entries)])
-        opt._zero[id(flat)].flat = flat
-        for step in range(STEPS):
-            g = grads(step)
-            flat.grad = torch.zeros(size)
+        results = {}
+        for style in styles:  # one process group for every style: each run is independent of the others
+            entries, size = _layout(style, rank, world)
+            flat = torch.nn.Parameter(torch.zeros(size))
+            full = initial()
             for name, shape, off, start, numel in entries:
-                flat.grad[off:off + numel] = g[name].reshape(-1)[start:start + numel]
-            opt.step()
-        pieces = {name: (flat.data[off:off + numel].clone(), start) for name, _, off, start, numel in entries}
-        gathered = [None] * world
-        dist.all_gather_object(gathered, (pieces, opt.state_dict()["state"][0]["came"]))
+                flat.data[off:off + numel] = full[name].reshape(-1)[start:start + numel]
+            opt = CAME8Bit([flat], **OPT_ARGS)
+            opt._zero = layouts_of([(flat, None, entries)])
+            opt._zero[id(flat)].flat = flat
+            for step in range(STEPS):
+                g = grads(step)
+                flat.grad = torch.zeros(size)
+                for name, shape, off, start, numel in entries:
+                    flat.grad[off:off + numel] = g[name].reshape(-1)[start:start + numel]
+                opt.step()
+            pieces = {name: (flat.data[off:off + numel].clone(), start) for name, _, off, start, numel in entries}
+            gathered = [None] * world
+            dist.all_gather_object(gathered, (pieces, opt.state_dict()["state"][0]["came"]))
+            results[style] = gathered
         if rank == 0:
-            torch.save(gathered, out_path)
+            torch.save(results, out_path)
     finally:
         dist.destroy_process_group()
     os._exit(0)
@@ -117,32 +120,39 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(tmp_path, style, world):
-    out = str(tmp_path / f"{style}_{world}.pt")
-    ctx = mp.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, style, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(180)
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    gathered = torch.load(out, weights_only=False)
-    run_ranks.state_bytes = [sum(v.numel() * v.element_size() for st in came.values() for v in st.values()
-                                 if torch.is_tensor(v)) for _, came in gathered]
+_CUT = {}
+
+
+def run_ranks(tmp_path_factory, style, world):
+    """(params, states, each rank's state bytes) of `style` at `world` ranks; both styles run in one spawn
+    of the ranks (once per module and world size)."""
+    if world not in _CUT:
+        out = str(tmp_path_factory.mktemp(f"cut{world}") / "gathered.pt")
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        procs = [ctx.Process(target=_worker, args=(r, world, port, ("zero12", "zero3"), out)) for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(180)
+        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+        _CUT[world] = torch.load(out, weights_only=False)
+    gathered = _CUT[world][style]
+    state_bytes = [sum(v.numel() * v.element_size() for st in came.values() for v in st.values()
+                       if torch.is_tensor(v)) for _, came in gathered]
     params, states = {}, {}
     for name, shape in SHAPES.items():
         parts = sorted((start, v) for pieces, _ in gathered for n, (v, start) in pieces.items() if n == name)
         params[name] = torch.cat([v for _, v in parts]).view(shape)
         states[name] = full_state_from_pieces([s[name] for _, st in gathered for s in [st] if name in s], shape)
-    return params, states
+    return params, states, state_bytes
 
 
 @pytest.mark.parametrize("style", ["zero12", "zero3"])
 @pytest.mark.parametrize("world", [2, 4])
-def test_cut_weights_equal_one_process(tmp_path, style, world):
+def test_cut_weights_equal_one_process(tmp_path_factory, style, world):
     ref_params, ref_states = one_process(STEPS)
-    params, states = run_ranks(tmp_path, style, world)
+    params, states, state_bytes = run_ranks(tmp_path_factory, style, world)
     for name in SHAPES:
         assert_close_up_to_code_flips(params[name], ref_params[name], name)
         ref = ref_states[name]
@@ -158,7 +168,7 @@ def test_cut_weights_equal_one_process(tmp_path, style, world):
     # the state is split, not replicated: each rank holds about its share (plus the columns of the
     # weights it cuts, and a few scalars)
     whole = sum(v.numel() * v.element_size() for st in ref_states.values() for v in st.values() if torch.is_tensor(v))
-    assert max(run_ranks.state_bytes) <= 1.3 * whole / world + 4096, (run_ranks.state_bytes, whole)
+    assert max(state_bytes) <= 1.3 * whole / world + 4096, (state_bytes, whole)
 
 
 # -- through DeepSpeed's engine and the trainer ------------------------------------------------
@@ -209,15 +219,16 @@ def test_engine_equals_one_process(tmp_path_factory, strategy, ranks):
                                            (("ZeRO-3", 2), ("ZeRO-1", 4))], ids=lambda v: f"{v[0]}x{v[1]}")
 def test_engine_resume(tmp_path, tmp_path_factory, source, target):
     """Steps 1-2 under `source`, 3-4 under `target` (the engine's own files when both match, else the
-    state by parameter name) equal one process's 4 steps."""
+    state by parameter name) equal one process's 4 steps. The source is the 4-step run of
+    test_engine_equals_one_process, its step-2 checkpoint (a run stopped there wrote the same one)."""
     import shutil
     pytest.importorskip("deepspeed")
     from giga_train import launch_from_config
     from giga_train.checkpoint import list_checkpoints
     from tests.distributed import final_weights
     reference = final_weights(_engine_run(tmp_path_factory, "NO", 1))
-    src = _engine_run(tmp_path_factory, *source, max_steps=2, resume=True)
-    step, path = list_checkpoints(os.path.join(src, "models"))[-1]
+    src = _engine_run(tmp_path_factory, *source)
+    step, path = list_checkpoints(os.path.join(src, "models"))[0]
     assert step == 2
     shutil.copytree(path, tmp_path / "models" / os.path.basename(path))
     launch_from_config(_engine_job(tmp_path, *target, resume=True))
