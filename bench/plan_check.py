@@ -88,8 +88,8 @@ def wan_rows(paths):
 
 def wan_table(paths):
     """One line per Wan row. An "auto" row is planned at the blocks its run checkpointed (the row's
-    checkpointed_blocks, else the choice of the eager count those runs made: the same config planned without
-    compile), and the last column is what "auto" chooses now, with its planned peak."""
+    checkpointed_blocks, else the choice of the count those runs made: the config planned eagerly in bf16),
+    and the last column is what "auto" chooses now, with its planned peak."""
     from bench.wan import row_config, row_latent_shape
     from examples.wan.samples import write_synthetic_dataset
     print("| video | engine | setting | compiled | measured GiB | plan GiB | error | plan activations GiB |"
@@ -109,9 +109,11 @@ def wan_table(paths):
             if spec["train"].get("activation_checkpointing") == "auto" and planned["activations"] is not None:
                 now = f"{blocks}, {peak / 2**30:.2f}"
                 blocks = row.get("checkpointed_blocks")
-                if blocks is None:  # the run counted as eager autograd saves: the config planned without compile
-                    eager = row_config(dict(spec, train={k: v for k, v in spec["train"].items() if k != "dynamo_config"}),
-                                       data, os.path.join(folder, "project"))
+                if blocks is None:  # the count those runs made: eager autograd's saves, the Linears in bf16
+                    train = {k: v for k, v in spec["train"].items() if k != "dynamo_config"}
+                    if train.get("mixed_precision") == "fp8":
+                        train["mixed_precision"] = "bf16"
+                    eager = row_config(dict(spec, train=train), data, os.path.join(folder, "project"))
                     blocks = next(r for r in plan(eager, gpus=(1,))["rows"]
                                   if r["strategy"] == PLAN_ROW[spec["strategy"]])["checkpointed_blocks"]
                 peak, act = peak_at(result, planned, blocks)
