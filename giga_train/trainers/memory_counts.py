@@ -210,11 +210,15 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
     selective = {}  # outputs of the matmuls and attention in the blocks -> (bytes, block)
     calls = []  # each block's (module, args, kwargs, the storages of its tensor inputs)
 
+    alive = []  # the tensors counted by storage, held to the end: a freed storage's address is not reused
+
     def on_cast(t):
+        alive.append(t)
         casts.setdefault(_storage_key(t), (t.untyped_storage().nbytes(), stack[0] if stack else None))
 
     def on_selective(t):
         if stack:
+            alive.append(t)
             selective.setdefault(_storage_key(t), (t.untyped_storage().nbytes(), stack[0]))
 
     def pack(t):
