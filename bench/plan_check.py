@@ -7,10 +7,11 @@ the rows' own train settings; bench/sequence_parallel.json: its one-GPU row, 128
         [--only llama|wan]
 
 The plan is made here on the CPU (the model on the meta device, activations on fake tensors; the Wan rows
-on a one-sample synthetic dataset of the row's shape); a row that ran compiled is marked: the plan counts
-what eager autograd saves. fp8 rows are left out (the plan counts bf16)."""
+on a one-sample synthetic dataset of the row's shape); a row that ran compiled is counted as inductor's
+partitioner saves it, an fp8 row with torchao's float8 Linears (left out where torchao is not installed)."""
 import argparse
 import glob
+import importlib.util
 import json
 import os
 import sys
@@ -60,7 +61,7 @@ def llama_table(paths):
 
 
 def wan_rows(paths):
-    """(spec for bench/wan.py's row_config, the measured row) of each eager-or-compiled bf16 Wan row."""
+    """(spec for bench/wan.py's row_config, the measured row) of each measured Wan row."""
     for path in paths:
         data = json.load(open(path))
         meta = data.get("meta", {})
@@ -68,7 +69,8 @@ def wan_rows(paths):
             if row.get("status") != "ok" or not row.get("peak_gib"):
                 continue
             train = dict(row.get("train") or {})
-            if train.get("mixed_precision", "bf16") != "bf16":
+            if train.get("mixed_precision", "bf16") == "fp8" and importlib.util.find_spec("torchao") is None:
+                print(f"(left out: {row.get('setting')}, fp8 is counted with torchao, not installed here)")
                 continue
             if "sp" in row:  # bench/sequence_parallel.py: FSDP2, checkpointing per block; its one-GPU row
                 if row["gpus"] != 1:
@@ -85,11 +87,14 @@ def wan_rows(paths):
 
 
 def wan_table(paths):
+    """One line per Wan row. An "auto" row is planned at the blocks its run checkpointed (the row's
+    checkpointed_blocks, else the choice of the count those runs made: the config planned eagerly in bf16),
+    and the last column is what "auto" chooses now, with its planned peak."""
     from bench.wan import row_config, row_latent_shape
     from examples.wan.samples import write_synthetic_dataset
     print("| video | engine | setting | compiled | measured GiB | plan GiB | error | plan activations GiB |"
-          " blocks checkpointed |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          " blocks checkpointed | 'auto' now: blocks, plan GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="plan_check_wan_") as folder:
         for spec, row in wan_rows(paths):
             data = os.path.join(folder, f"data_{spec['frames']}_{spec['height']}x{spec['width']}")
@@ -100,11 +105,31 @@ def wan_table(paths):
             planned = next(r for r in result["rows"] if r["strategy"] == PLAN_ROW[spec["strategy"]])
             measured = row["peak_gib"] * 2**30
             compiled = "dynamo_config" in spec["train"]
-            act = planned["activations"]
+            blocks, peak, act, now = planned["checkpointed_blocks"], planned["peak"], planned["activations"], "-"
+            if spec["train"].get("activation_checkpointing") == "auto" and planned["activations"] is not None:
+                now = f"{blocks}, {peak / 2**30:.2f}"
+                blocks = row.get("checkpointed_blocks")
+                if blocks is None:  # the count those runs made: eager autograd's saves, the Linears in bf16
+                    train = {k: v for k, v in spec["train"].items() if k != "dynamo_config"}
+                    if train.get("mixed_precision") == "fp8":
+                        train["mixed_precision"] = "bf16"
+                    eager = row_config(dict(spec, train=train), data, os.path.join(folder, "project"))
+                    blocks = next(r for r in plan(eager, gpus=(1,))["rows"]
+                                  if r["strategy"] == PLAN_ROW[spec["strategy"]])["checkpointed_blocks"]
+                peak, act = peak_at(result, planned, blocks)
             print(f"| {spec['width']}x{spec['height']}x{spec['frames']} | {spec['strategy']} | {spec['setting']} |"
-                  f" {'yes' if compiled else 'no'} | {row['peak_gib']:.2f} | {planned['peak'] / 2**30:.2f} |"
-                  f" {(planned['peak'] - measured) / measured:+.1%} |"
-                  f" {'-' if act is None else f'{act / 2**30:.2f}'} | {planned['checkpointed_blocks']} |", flush=True)
+                  f" {'yes' if compiled else 'no'} | {row['peak_gib']:.2f} | {peak / 2**30:.2f} |"
+                  f" {(peak - measured) / measured:+.1%} |"
+                  f" {'-' if act is None else f'{act / 2**30:.2f}'} | {blocks} | {now} |", flush=True)
+
+
+def peak_at(result, row, blocks):
+    """(the planned peak, the activations) of a plan row with its first `blocks` checkpointed (plan's rule)."""
+    from giga_train.trainers.memory_counts import ActivationCount
+    act = ActivationCount(**result["activations"]["torch"])
+    states = sum(v for k, v in row.items() if k in ("params", "optimizer", "master", "buffers"))
+    accumulation = result["gradient_accumulation_steps"]
+    return states + act.backward_peak(blocks, row["grads"], accumulation, row["sp"]), act.with_first_checkpointed(blocks)
 
 
 def main():

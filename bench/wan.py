@@ -63,6 +63,7 @@ def optimizer_config(name, device):
     raise SystemExit(f"bench/wan.py: unknown optimizer {name!r} (AdamW or CAME8Bit)")
 
 
+AUTO_LINE = "activation checkpointing 'auto': "
 EXPLODED_GRAD_NORM = 1e3  # eager 5B rows log 3-11 (max_grad_norm=1 clips; the norm logged is before clipping)
 
 
@@ -82,8 +83,17 @@ class BenchWanTrainer(TimedSteps, WanTrainer):
             self.grad_norms = getattr(self, "grad_norms", []) + [metrics.get("grad_norm")]
             self.nan_skipped = getattr(self, "nan_skipped", 0) + int(metrics.get("nan_skipped") or 0)
 
+    def print(self, msg, *args, **kwargs):
+        if str(msg).startswith(AUTO_LINE):  # activation_checkpointing="auto": how many blocks it chose, and why
+            self.auto_checkpointing = str(msg)
+        return super().print(msg, *args, **kwargs)
+
     def result(self):
-        return training_verdict(super().result(), getattr(self, "grad_norms", []), getattr(self, "nan_skipped", 0))
+        row = super().result()
+        if getattr(self, "auto_checkpointing", None):
+            row = dict(row, auto_checkpointing=self.auto_checkpointing,
+                       checkpointed_blocks=int(self.auto_checkpointing[len(AUTO_LINE):].split()[0]))
+        return training_verdict(row, getattr(self, "grad_norms", []), getattr(self, "nan_skipped", 0))
 
     def forward_step(self, batch_dict):
         limit = os.environ.get(SIMULATE_OOM)

@@ -57,6 +57,25 @@ def test_blocks_checkpointed_follow_the_budget(tmp_path, data):
     assert limits == {"WanTransformerBlock": BLOCKS} and "ABOVE the budget" in reason
 
 
+def test_auto_under_compile_counts_the_compiled_blocks(tmp_path, data):
+    """Under train.dynamo_config (inductor) the blocks are counted as inductor's partitioner saves them, less
+    than eager autograd saves: a budget the compiled job fits without checkpointing checkpoints none of its
+    blocks, where the eager job needs some."""
+    from giga_train.trainers.offline_copy import build as _build
+
+    def auto(budget, **train):
+        trainer = offline_trainer(TINY, overrides(tmp_path, data, activation_checkpointing="auto", **train),
+                                  device="cpu")
+        return auto_checkpointing(trainer, _build(trainer, torch.device("cpu")), budget)
+    compiled, reason = auto("1GiB", dynamo_config=dict(backend="inductor"))
+    assert compiled == {} and "the compiled blocks counted as inductor saves them" in reason
+    eager, eager_reason = auto("1GiB")
+    assert eager == {} and _planned(reason) < _planned(eager_reason)
+    between = f"{(_planned(reason) + _planned(eager_reason)) / 2 / 2**20:.4f}MiB"
+    limits, reason = auto(between)
+    assert 0 < limits.get("WanTransformerBlock", 0) and "within" in reason
+
+
 def _planned(reason):
     """The planned peak in bytes from the log line ('planned peak 2.66 MiB')."""
     value = float(reason.split("planned peak ")[1].split(" ")[0])

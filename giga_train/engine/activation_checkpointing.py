@@ -42,8 +42,9 @@ def _save_matmuls(ctx, op, *args, **kwargs):
 SELECTIVE_SAVED_OPS = _saved_ops()  # what "selective" keeps of a block (memory_counts counts them too)
 
 
-def _checkpoint_forward(module, selective=False):
-    forward = module.forward
+def checkpointed_call(forward, selective=False):
+    """`forward` recomputed in backward (non-reentrant torch checkpoint; `selective`: keeping the matmul,
+    convolution and attention outputs), as each checkpointed block runs."""
     context = {"context_fn": functools.partial(create_selective_checkpoint_contexts, _save_matmuls)} \
         if selective else {}
 
@@ -52,7 +53,11 @@ def _checkpoint_forward(module, selective=False):
             return checkpoint(forward, *args, use_reentrant=False, **context, **kwargs)
         return forward(*args, **kwargs)
 
-    module.forward = checkpointed_forward
+    return checkpointed_forward
+
+
+def _checkpoint_forward(module, selective=False):
+    module.forward = checkpointed_call(module.forward, selective)
 
 
 CHECKPOINTING_VALUES = (False, True, "auto", "selective")

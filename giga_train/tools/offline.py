@@ -24,7 +24,14 @@ def offline_trainer(config, overrides=(), device="meta"):
     cfg = load_config(config, overrides)
     if isinstance(cfg.get("launch"), dict):
         cfg.launch.pop("gpu_ids", None)  # a GPU job is planned or exported on any machine: no GPU is used here
+    # The job runs on its GPU, not here: fp8's need of a CUDA GPU is checked where it runs (torchao's float8
+    # Linears still trace on fake CPU tensors), so the schema is filled as for bf16 and fp8 put back.
+    fp8 = isinstance(cfg.get("train"), dict) and cfg["train"].get("mixed_precision") == "fp8"
+    if fp8:
+        cfg["train"]["mixed_precision"] = "bf16"
     cfg = validate_config(cfg)  # fills the schema's defaults
+    if fp8:
+        cfg.train.mixed_precision = "fp8"
     cls = next((c for c in runner_classes(cfg) if issubclass(c, Trainer)), None)
     if cls is None:
         raise ConfigError(f"runners: {', '.join(map(str, cfg.runners))}: none is a Trainer (nothing to build a model from)")

@@ -75,7 +75,9 @@ def auto_checkpointing(trainer, model, budget=None):
               f" ({', '.join(f'{k} x{v}' for k, v in class_limits(count, n).items()) or 'none'}): planned peak"
               f" {_size(peak)} (states {_size(states)}, gradients {_size(params.trainable_bytes)}, activations"
               f" {_size(count.with_first_checkpointed(n))} of {_size(count.saved)} without checkpointing)"
-              f" {'within' if fits else 'ABOVE'} the budget {_size(limit)} ({where})")
+              f" {'within' if fits else 'ABOVE'} the budget {_size(limit)} ({where})"
+              + ("; the compiled blocks counted as inductor saves them" if count.compiled else "")
+              + (f"; {count.note}" if count.note else ""))
     return class_limits(count, n), reason
 
 

@@ -1,8 +1,11 @@
 """What one process's training state and one micro-batch's activations take, counted without memory:
 parameters and the optimizer's real state on the meta device (the config's own get_optimizers, stepped
 once), activations as autograd's saved tensors of one forward_step on fake tensors (FakeTensorMode: shapes
-and dtypes only, under the run's CPU autocast)."""
+and dtypes only, under the run's CPU autocast); the blocks train.dynamo_config compiles as inductor's
+partitioner saves them (compiled_saves.py); under mixed_precision="fp8" with torchao's float8 Linears."""
 import contextlib
+import importlib.util
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -13,6 +16,9 @@ from ..engine.block_classes import parse_class_names, repeated_block_classes
 from ..data import as_stream
 from ..engine.precision import AUTOCAST_DTYPES
 from ..compat.utils import as_list
+from .compiled_saves import block_saves, tensor_leaves, traces_compiled
+
+log = logging.getLogger("giga_train")
 
 
 @dataclass
@@ -109,6 +115,12 @@ class ActivationCount:
     unsaved_casts: list = field(default_factory=list)     # of those, what nothing saves (per block, then outside)
     per_block_selective: list = field(default_factory=list)  # outputs of the ops "selective" keeps, per block
     per_block_selective_unsaved: list = field(default_factory=list)  # of those, what autograd does not save
+    per_block_checkpoint_keeps: list = field(default_factory=list)  # what a checkpointed block keeps besides
+    # its inputs (compiled: the partitioner's saves that are not inputs); empty: the RNG state (rng_per_block)
+    compiled: bool = False  # the blocks counted as inductor compiles them
+
+    def _checkpoint_keeps(self, k):
+        return self.per_block_checkpoint_keeps[k] if self.per_block_checkpoint_keeps else self.rng_per_block
 
     def with_first_checkpointed(self, n, selective=False):
         """The bytes saved for backward with the first `n` blocks (in run order) checkpointed: their own
@@ -126,7 +138,7 @@ class ActivationCount:
         """What each block holds between its forward and its backward: the first `n` (checkpointed) their
         inputs and RNG state (and under `selective` their matmul and attention outputs), the rest their saves."""
         extra = self.per_block_selective if selective else [0] * len(self.per_block)
-        return [self.per_block_inputs[k] + self.rng_per_block + extra[k] if k < n else self.per_block[k]
+        return [self.per_block_inputs[k] + self._checkpoint_keeps(k) + extra[k] if k < n else self.per_block[k]
                 for k in range(len(self.per_block))]
 
     def backward_peak(self, n, grads, accumulation=1, sp=1, selective=False):
@@ -156,8 +168,8 @@ class ActivationCount:
         end = (self.before_blocks + 2 * self.per_block_outputs[0]) / sp + grads  # block 0's backward done
         peaks, made = [head, end], grads - sum(block_grads)
         for k in reversed(range(blocks)):  # made: the gradients made before block k's backward
-            own = self.per_block[k] + (self.per_block_inputs[k] + self.rng_per_block - self.per_block_own_inputs[k]
-                                       + unsaved[k] if k < n else 0)
+            own = self.per_block[k] + (self.per_block_inputs[k] + self._checkpoint_keeps(k)
+                                       - self.per_block_own_inputs[k] + unsaved[k] if k < n else 0)
             before = self.before_blocks + sum(kept[:k])
             peaks.append((before + own + 2 * self.per_block_outputs[k]) / sp + (whole or made))
             made += block_grads[k]
@@ -174,12 +186,17 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
     at a time: checkpointed = saved - sum(block saves) + block inputs and RNG states + the largest block save.
     What backward holds at once (with the gradients) is ActivationCount.backward_peak. Not counted: the
     kernels' own workspaces, gradient temporaries inside a block beyond the one flowing through it,
-    allocator fragmentation."""
+    allocator fragmentation.
+
+    When train.dynamo_config compiles the blocks with inductor, each kind of block (class and input shapes)
+    is traced again as compiled (compiled_saves.py) and its saves replace autograd's; a trace that fails
+    leaves the eager count, said in `note` and one log line."""
     model = build(fake_mode)
+    train = trainer.train_config
+    fp8_note = _float8(model, trainer, fake_mode)
     if engine_dtype is not None:
         with fake_mode:
             _cast(model, engine_dtype)
-    train = trainer.train_config
     classes = list(parse_class_names(train.activation_class_names)) or repeated_block_classes(model)
     if batch is None:
         from .train_data import train_loaders
@@ -192,12 +209,17 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
     casts = {}  # autocast's cached casts of trainable parameters (held until autocast exits) -> (bytes, block)
 
     selective = {}  # outputs of the matmuls and attention in the blocks -> (bytes, block)
+    calls = []  # each block's (module, args, kwargs, the storages of its tensor inputs)
+
+    alive = []  # the tensors counted by storage, held to the end: a freed storage's address is not reused
 
     def on_cast(t):
+        alive.append(t)
         casts.setdefault(_storage_key(t), (t.untyped_storage().nbytes(), stack[0] if stack else None))
 
     def on_selective(t):
         if stack:
+            alive.append(t)
             selective.setdefault(_storage_key(t), (t.untyped_storage().nbytes(), stack[0]))
 
     def pack(t):
@@ -219,6 +241,7 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
             own = [p for p in module.parameters() if p.requires_grad and id(p) not in params_seen]
             params_seen.update(id(p) for p in own)
             block_params.append(sum(p.numel() for p in own))
+            calls.append((module, args, kwargs, [_storage_key(t) for t in tensor_leaves(args, kwargs)]))
             for t in _tensors((args, kwargs)):  # a buffer handed to each block (RoPE tables) is a buffer
                 if _storage_key(t) not in excluded:
                     inputs.setdefault(_storage_key(t), t.untyped_storage().nbytes())
@@ -237,7 +260,7 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
             handles.append(module.register_forward_pre_hook(enter, with_kwargs=True))
             handles.append(module.register_forward_hook(leave, with_kwargs=True))
     dtype = AUTOCAST_DTYPES.get(trainer.mixed_precision or "no") if engine_dtype is None else None
-    autocast = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    autocast = _autocast(dtype)
     note = ""
     try:
         with fake_mode, autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
@@ -273,15 +296,88 @@ def count_activations(trainer, build, fake_mode, batch=None, engine_dtype=None):
         kept_selective[block] += size
         if key not in seen:
             unsaved_selective[block] += size
-    largest = max(per_block, default=0)
     # torch's checkpoint also keeps the CPU RNG state of each block (to replay its dropout): 5 KB each
     rng_one = torch.get_rng_state().numel()
-    rng = rng_one * len(per_block)
-    checkpointed = saved - sum(per_block) + kept_inputs + rng + largest if per_block else saved
-    return ActivationCount(saved, checkpointed, classes, len(per_block), largest, kept_inputs + rng, note,
+    keeps, compiled = [rng_one] * len(per_block), False
+    if per_block and traces_compiled(train):
+        try:
+            traced = _compiled_blocks(calls, excluded, fake_mode, lambda: _autocast(dtype), train,
+                                      set(seen) - in_blocks, inputs, kept, first_block)
+        except Exception as e:  # a block dynamo or AOTAutograd cannot trace on fake tensors
+            first = str(e).splitlines()[0][:160] if str(e) else ""
+            why = (f"the compiled blocks could not be traced ({type(e).__name__}: {first}): counted as eager"
+                   " autograd saves them (above what inductor keeps)")
+            log.warning("activation count: %s", why)
+            note = "; ".join(n for n in (note, why) if n)
+        else:
+            saved = saved - sum(per_block) + sum(traced["per_block"])
+            per_block, own_inputs, keeps = traced["per_block"], traced["own_inputs"], traced["keeps"]
+            kept_selective, unsaved_selective = traced["selective"], [0] * len(per_block)
+            block_casts = [0] * len(per_block)  # inside a compiled graph a cast is the graph's, not autocast's cache
+            unsaved_casts = [0] * len(per_block) + unsaved_casts[-1:]
+            compiled = True
+    note = "; ".join(n for n in (note, fp8_note) if n)
+    largest = max(per_block, default=0)
+    checkpointed = saved - sum(per_block) + kept_inputs + sum(keeps) + largest if per_block else saved
+    return ActivationCount(saved, checkpointed, classes, len(per_block), largest, kept_inputs + sum(keeps), note,
                            per_block, per_block_inputs, order, rng_one, before, outputs, own_inputs, block_params,
                            sum(p.numel() for p in model.parameters() if p.requires_grad), after, block_casts,
-                           unsaved_casts, kept_selective, unsaved_selective)
+                           unsaved_casts, kept_selective, unsaved_selective, keeps if compiled else [], compiled)
+
+
+def _compiled_blocks(calls, excluded, fake_mode, autocast, train, outside, input_sizes, kept, first_block):
+    """Each block's saves as compiled (one trace per class and input shapes, plain and as the run checkpoints
+    it): {"per_block": its saves (a saved input counted once, where first saved and not outside the blocks),
+    "own_inputs": of the inputs it adds to those kept, what it saves too, "keeps": what it keeps besides its
+    inputs when checkpointed, "selective": what "selective" keeps beyond that}."""
+    wraps = [None, "checkpoint"] + (["selective"] if train.activation_checkpointing == "selective" else [])
+    traced = {}
+    for module, args, kwargs, _ in calls:
+        kind = _call_kind(module, args, kwargs)
+        if kind not in traced:
+            with fake_mode, autocast():
+                traced[kind] = {wrap: block_saves(module.forward, args, kwargs, excluded, wrap) for wrap in wraps}
+    counted, result = set(), dict(per_block=[], own_inputs=[], keeps=[], selective=[])
+    for k, (module, args, kwargs, keys) in enumerate(calls):
+        saves = traced[_call_kind(module, args, kwargs)]
+        plain = saves[None]
+        saved_inputs = {keys[p] for p in plain.inputs} - excluded
+        new = saved_inputs - outside - counted
+        counted |= new
+        result["per_block"].append(plain.intermediates + plain.rng + sum(input_sizes[key] for key in new))
+        result["own_inputs"].append(sum(size for key, size in kept.items()
+                                        if first_block[key] == k and key in saved_inputs))
+        keep = saves["checkpoint"].intermediates + saves["checkpoint"].rng
+        result["keeps"].append(keep)
+        chosen = saves.get("selective")
+        result["selective"].append(max(0, chosen.intermediates + chosen.rng - keep) if chosen else 0)
+    return result
+
+
+def _call_kind(module, args, kwargs):
+    """A block's class, parameters and arguments (tensors by shape, dtype and whether they need a gradient):
+    blocks of one kind compile to one graph."""
+    leaves = [(tuple(t.shape), t.dtype, t.requires_grad) if torch.is_tensor(t) else repr(t)[:80]
+              for t in torch.utils._pytree.tree_leaves((args, kwargs))]
+    params = [(tuple(p.shape), p.dtype, p.requires_grad) for p in module.parameters()]
+    return type(module), tuple(leaves), tuple(params)
+
+
+def _autocast(dtype):
+    return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def _float8(model, trainer, fake_mode):
+    """Under mixed_precision="fp8", the model's Linears swapped for torchao's float8 ones as the run swaps them
+    (engine/fp8.py); without torchao a note that they are counted in bf16."""
+    if trainer.mixed_precision != "fp8":
+        return ""
+    if importlib.util.find_spec("torchao") is None:
+        return "fp8: torchao is not installed here, the Linears counted as bf16 ones"
+    from ..engine.fp8 import convert_to_float8
+    with fake_mode:
+        convert_to_float8(model, trainer.train_config.fp8_config)
+    return ""
 
 
 class _WatchOps(TorchDispatchMode):
