@@ -16,6 +16,7 @@ from ..compat.utils import as_list
 from ..data import as_stream
 from ..distributed.preemption import PreemptionSignals
 from ..engine.attention import attention_backend
+from ..engine.cpu_conv3d import guard_cpu_conv3d
 from ..engine.sequence_parallel import sequence_group
 from ..engine.step import StepResult
 from ..engine.meta_start import building_context, default_init_weights
@@ -73,6 +74,7 @@ class Trainer(GigaTrainAttributes, Runner):
             self._models = [with_lora(the_one_model(self.get_models(models)), self.train_config.get("lora"))]
         self._built_rng = random_streams.capture()  # GigaTrain's stream goes on from here
         self._built_dtypes = {n: t.dtype for n, t in self._models[0].state_dict().items() if torch.is_tensor(t)}  # the EMA's
+        guard_cpu_conv3d(self._models[0], self.device, self.train_config.mixed_precision)
 
         def make_optimizers(module):  # called by the engine with the module whose parameters it steps
             self._models = [module]

@@ -18,6 +18,11 @@ import tempfile
 import torch
 from torch import nn
 
+# oneDNN's bf16 Conv3d weight gradient on CPUs with AVX512-BF16 (AMD EPYC here, torch 2.13.0+cpu and
+# 2.14.1+cu130 alike) is inf or nan at random (docs/troubleshooting.md, "bf16 Conv3d on the CPU"): both sides run
+# torch's own kernels instead, which are deterministic and finite.
+torch.backends.mkldnn.enabled = False
+
 
 class TinyLatents(torch.utils.data.Dataset):
     """Video latents (C=4, T=2, H=W=4) and a conditioning vector, fixed by `seed`."""
