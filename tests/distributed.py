@@ -30,6 +30,20 @@ def assert_same_weights(got, expected, rtol=1e-4, atol=1e-6):
         torch.testing.assert_close(got[key], expected[key], rtol=rtol, atol=atol, msg=key)
 
 
+def assert_equal_up_to_code_flips(got, expected, lr, share=0.01):
+    """An 8-bit optimizer's runs whose ranks reduce in another order: a state value at a rounding tie of the
+    8-bit map may take the neighbouring code (how often depends on the CPU's kernels: 0.2-0.5% of the elements
+    on an AVX512 EPYC, none on other machines), which moves that weight by a fraction of an lr. Every weight
+    within half an lr, and at most `share` of all the elements off by more than float rounding."""
+    assert got.keys() == expected.keys()
+    off = total = 0
+    for key in expected:
+        assert (got[key] - expected[key]).abs().max().item() <= 0.5 * lr, key
+        off += int((~torch.isclose(got[key], expected[key], rtol=1e-5, atol=1e-6)).sum())
+        total += expected[key].numel()
+    assert off <= share * total, (off, total)
+
+
 def reference(tmp_path_factory, cache, **train):
     """The one-process run for these train settings (computed once per module)."""
     key = repr(sorted(train.items()))

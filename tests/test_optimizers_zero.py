@@ -198,11 +198,8 @@ def _engine_run(tmp_path_factory, strategy, ranks, **train):
 
 
 def _assert_equal_weights(got, expected):
-    assert got.keys() == expected.keys()
-    for name in expected:
-        off = ~torch.isclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
-        assert off.float().mean().item() <= 1e-3, (name, off.sum().item())
-        assert (got[name] - expected[name]).abs().max().item() <= 0.5 * CAME["lr"], name
+    from tests.distributed import assert_equal_up_to_code_flips
+    assert_equal_up_to_code_flips(got, expected, CAME["lr"])
 
 
 @pytest.mark.parametrize("strategy,ranks", [("ZeRO-1", 2), ("ZeRO-2", 2), ("ZeRO-3", 2), ("ZeRO-2", 4),

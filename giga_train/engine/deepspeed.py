@@ -155,6 +155,7 @@ class DeepSpeedStrategy(Strategy):
         release = getattr(groups, "_release_process_group_references", None)
         if release is not None:
             release(None)
+        _restore_torch_linear()
 
     # -- state --------------------------------------------------------------------------------
     def model_state_dict(self, keys=None):
@@ -258,3 +259,13 @@ def _set_launcher_variables(env):
     added = [k for k in values if k not in os.environ]
     os.environ.update({k: str(values[k]) for k in added})
     return added
+
+
+def _restore_torch_linear():
+    """ZeRO-3 (deepspeed.initialize, zero.Init) swaps torch.nn.functional.linear for its own memory-efficient
+    one for good ("This will persist unless manually reset"): torch's comes back when the run closes, so that
+    a later run, a plan or a model in this process computes (and saves for backward) as torch does."""
+    from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses as patcher
+    original = getattr(patcher, "linear_bk", None)
+    if original is not None:
+        torch.nn.functional.linear = original
