@@ -1,6 +1,7 @@
 """What Trainer and Tester share (GigaTrain's runner surface): built by `load(config)` from the config
 section named by `SECTION`, given as keyword arguments, with the whole validated config as `config=`; or
-directly, `MyTrainer(config=a_dict)`; where the job runs; the properties a project reads; the logger."""
+directly, `MyTrainer(config=a_dict)`; where the job runs; the properties a project reads; the logger; media to
+the trackers (a Trainer's run log, a Tester's test.log_with)."""
 import contextlib
 import logging
 from typing import Any
@@ -16,6 +17,7 @@ from ..engine.precision import AUTOCAST_DTYPES
 from ..schema.validate import ValidConfig, validated
 from ..schema.train import resolve_logging_dir
 from ..tracking import text_logger
+from .media_log import log_media
 
 log = logging.getLogger("giga_train")
 
@@ -192,3 +194,16 @@ class Runner:
         """Log on the main process only."""
         if self.is_main_process:
             self.logger.info(msg, *args, **kwargs)
+
+    # -- media to the trackers (media_log.py: the main rank writes, no collective) ---------------------------
+    def log_image(self, name, image, step=None) -> None:
+        """An image (tensor CHW/HWC, float in [0, 1] or uint8; numpy; PIL) at `step` (None: cur_step) to every tracker."""
+        log_media(self, "image", name, image, step=step)
+
+    def log_video(self, name, frames, fps=8, step=None) -> None:
+        """A video (T,C,H,W or T,H,W,C frames, or a list of images), as log_image."""
+        log_media(self, "video", name, frames, fps=fps, step=step)
+
+    def log_figure(self, name, figure, step=None) -> None:
+        """A matplotlib figure (anything with savefig), rendered to PNG, as log_image."""
+        log_media(self, "image", name, figure, step=step)

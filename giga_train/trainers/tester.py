@@ -12,7 +12,6 @@ from ..data.device import to_device
 from ..registry import TRANSFORMS
 from ..schema.train import tester_kwargs
 from ..compat.utils import as_list
-from .media_log import log_media
 from .runner import Runner
 from .tester_log import TesterLog
 
@@ -113,19 +112,6 @@ class Tester(Runner):
 
     def test(self) -> None:
         raise NotImplementedError(f"{type(self).__name__} must define test(self)")
-
-    # -- media to the trackers (test.log_with; files in logging_dir/test) --------------------------
-    def log_image(self, name, image, step=None) -> None:
-        """An image (CHW/HWC tensor or array, in [0, 1] or uint8, or PIL) at `step` (None: cur_step), main rank."""
-        log_media(self, "image", name, image, step=step)
-
-    def log_video(self, name, frames, fps=8, step=None) -> None:
-        """A video (T,C,H,W or T,H,W,C frames, or a list of images), as log_image."""
-        log_media(self, "video", name, frames, fps=fps, step=step)
-
-    def log_figure(self, name, figure, step=None) -> None:
-        """A matplotlib figure (anything with savefig), rendered to PNG, as log_image."""
-        log_media(self, "image", name, figure, step=step)
 
     @property
     def run_log(self) -> TesterLog:

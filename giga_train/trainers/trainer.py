@@ -31,7 +31,6 @@ from .epochs import EpochClock, max_steps_by_epochs, samples_per_step, steps_per
 from .evaluation import Evaluation
 from .losses import LossBook
 from .lora import with_lora
-from .media_log import log_media
 from .run_log import RunLog, log_end
 from .flop_count import model_flops_per_sample
 from .gigatrain_attributes import GigaTrainAttributes
@@ -259,18 +258,6 @@ class Trainer(GigaTrainAttributes, Runner):
     def log_metrics(self, values) -> None:
         for name, value in values.items():
             self.log_metric(name, value)
-
-    def log_image(self, name, image, step=None) -> None:
-        """An image (tensor CHW/HWC, float in [0, 1] or uint8; numpy; PIL) to every tracker; main rank writes, no collective."""
-        log_media(self, "image", name, image, step=step)
-
-    def log_video(self, name, frames, fps=8, step=None) -> None:
-        """A video (T,C,H,W or T,H,W,C frames, or a list of images) to every tracker, as log_image."""
-        log_media(self, "video", name, frames, fps=fps, step=step)
-
-    def log_figure(self, name, figure, step=None) -> None:
-        """A matplotlib figure (anything with savefig), rendered to PNG, as log_image."""
-        log_media(self, "image", name, figure, step=step)
 
     def ema_weights(self) -> AbstractContextManager:
         """A context: inside, the model holds the EMA weights (train.with_ema); the trained ones come back after."""
