@@ -74,4 +74,4 @@ def test_bf16_conv3d_trains_finite(tmp_path):
     assert len(trainer.grad_norms) == 8 and all(torch.isfinite(torch.tensor(trainer.grad_norms)))
     with open(os.path.join(trainer.logging_dir, "train.log")) as f:
         assert ("oneDNN is off for this run" in f.read()) is broken
-    assert torch.backends.mkldnn.enabled is not broken
+    assert torch.backends.mkldnn.enabled  # on again once the run is over

@@ -73,7 +73,7 @@ class Trainer(GigaTrainAttributes, Runner):
             self._models = [with_lora(the_one_model(self.get_models(models)), self.train_config.get("lora"))]
         self._built_rng = random_streams.capture()  # GigaTrain's stream goes on from here
         self._built_dtypes = {n: t.dtype for n, t in self._models[0].state_dict().items() if torch.is_tensor(t)}  # the EMA's
-        guard_cpu_conv3d(self._models[0], self.device, self.train_config.mixed_precision)
+        self._onednn_off = guard_cpu_conv3d(self._models[0], self.device, self.train_config.mixed_precision)
 
         def make_optimizers(module):  # called by the engine with the module whose parameters it steps
             self._models = [module]
@@ -348,9 +348,16 @@ class Trainer(GigaTrainAttributes, Runner):
     def abandon(self) -> None:
         if self.strategy is not None:
             self.strategy.close()
+        self._close_process_settings()
 
     def _finish(self):
         self.wait_for_checkpoint()
         log_end(self, self.checkpoints.latest())
         self.strategy.close()
+        self._close_process_settings()
         return self
+
+    def _close_process_settings(self):
+        """What this run changed in the process for itself comes back (oneDNN: engine/cpu_conv3d.py)."""
+        if getattr(self, "_onednn_off", False):
+            torch.backends.mkldnn.enabled, self._onednn_off = True, False
