@@ -2,9 +2,9 @@
 2.14.1+cu130) oneDNN's bf16 Conv3d weight gradient comes out inf or nan at random, under autocast and with
 bf16 weights alike, so a bf16 run of a video model on the CPU skips steps or diverges. Where the model holds a
 Conv3d and the run computes in bf16 on the CPU, oneDNN is turned off for the run (torch's own kernels: finite,
-deterministic) with one log line (on again when the run ends), when the CPU has AVX512-BF16 or a few probe backward passes show the bug
-(the probe alone is not enough: whether it hits depends on the memory it reads, and in a long test session
-12 probes passed while the run's own steps were inf). Elsewhere nothing changes."""
+deterministic; on again when the run ends) with one log line, when the CPU has AVX512-BF16 or a few probe
+backward passes show the bug (the probe alone is not enough: whether it hits depends on the memory it reads,
+and in a long test session 12 probes passed while the run's own steps were inf). Elsewhere nothing changes."""
 import logging
 
 import torch
